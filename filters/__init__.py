@@ -1,0 +1,1 @@
+"""Acceptance filters: static check, sandboxed execution checks, timing window, similarity."""

@@ -1,0 +1,261 @@
+"""The execution checks, run inside a sandbox worker on one candidate (DESIGN.md 2-5).
+
+Each check measures, then decides by a threshold from the config; every measurement is
+returned in `metrics`, for rejects too. The comparison functions are bound when this
+module is imported, before any candidate code runs, so a task cannot patch them.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import statistics
+import time
+import types
+
+import torch
+
+from filters.resize import NotResizable, scale_constant
+
+_allclose = torch.allclose
+_isfinite = torch.isfinite
+_equal = torch.equal
+_compile = torch.compile
+_reset_dynamo = torch._dynamo.reset
+
+DEFAULTS = {
+    "device": "cpu", "seed": 0, "atol": 1e-2, "rtol": 1e-2, "determinism_tol": 1e-5,
+    "window_ms": (1.0, 100.0), "max_resize_rounds": 4, "max_task_memory_gb": 16.0,
+    "timing_budget_ms": 1000.0, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
+}
+
+
+class Reject(Exception):
+    def __init__(self, stage: str, reason: str, detail: str):
+        super().__init__(detail)
+        self.stage, self.reason, self.detail = stage, reason, detail
+
+
+def evaluate(code: str, config: dict) -> dict:
+    """Run every execution check; returns {passed, stage, reason, detail, metrics, code}."""
+    cfg = {**DEFAULTS, **config}
+    metrics: dict = {}
+    try:
+        code = _run_checks(code, cfg, metrics)
+    except Reject as reject:
+        return {"passed": False, "stage": reject.stage, "reason": reject.reason, "detail": reject.detail,
+                "metrics": metrics, "code": code}
+    except Exception as error:  # a later stage of the task's own code failed
+        reject = _as_reject(error, "execute")
+        return {"passed": False, "stage": reject.stage, "reason": reject.reason, "detail": reject.detail,
+                "metrics": metrics, "code": code}
+    return {"passed": True, "stage": "accepted", "reason": "", "detail": "", "metrics": metrics, "code": code}
+
+
+def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
+    device = torch.device(cfg["device"])
+    task, model, inputs, out = _load_and_run(code, cfg, device)
+    code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out)
+    _check_determinism(task, model, inputs, out, cfg, device, metrics)
+    _check_not_constant(task, model, inputs, out, cfg, device, metrics)
+    if cfg["compile"]:
+        _check_compile(model, inputs, out, cfg, metrics)
+    return code
+
+
+# -- building and running ----------------------------------------------------------------
+
+def load_task(code: str) -> types.ModuleType:
+    module = types.ModuleType("opsynth_task")
+    exec(compile(code, "<task>", "exec"), module.__dict__)
+    return module
+
+
+def build_model(task, seed: int, device: torch.device):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return task.Model(*task.get_init_inputs()).to(device).eval()
+
+
+def make_inputs(task, device: torch.device) -> list:
+    with torch.device(device):
+        inputs = task.get_inputs()
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def forward(model, inputs) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+    return flatten(out)
+
+
+def flatten(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in flatten(item)]
+    raise TypeError(f"forward returned {type(out).__name__}, not tensors")
+
+
+def _load_and_run(code: str, cfg: dict, device: torch.device):
+    try:
+        task = load_task(code)
+        model = build_model(task, cfg["seed"], device)
+        torch.manual_seed(cfg["seed"] + 1)
+        inputs = make_inputs(task, device)
+        out = forward(model, inputs)
+    except Exception as error:
+        raise _as_reject(error, "execute") from None
+    if not all(bool(_isfinite(t).all()) for t in out if t.is_floating_point() or t.is_complex()):
+        raise Reject("execute", "nan_or_inf", "the eager output holds NaN or Inf")
+    return task, model, inputs, out
+
+
+# -- timing window and re-sizing ---------------------------------------------------------
+
+def _fit_window(code, cfg, device, metrics, task, model, inputs, out):
+    low, high = cfg["window_ms"]
+    cap_bytes = cfg["max_task_memory_gb"] * 2**30
+    original = code
+    for attempt in range(cfg["max_resize_rounds"] + 1):
+        eager_ms, peak = _measure(model, inputs, cfg, device)
+        metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
+                       resize_rounds=attempt)
+        too_large = peak is not None and peak > cap_bytes
+        if low <= eager_ms <= high and not too_large:
+            metrics["resized"] = code != original
+            return code, task, model, inputs, out
+        if attempt == cfg["max_resize_rounds"]:
+            break
+        factor = cap_bytes / peak * 0.8 if too_large else math.sqrt(low * high) / max(eager_ms, 1e-3)
+        try:
+            new_code, old, new = scale_constant(code, min(max(factor, 1 / 64), 64))
+        except NotResizable:
+            break
+        if new == old:
+            break
+        code = new_code
+        metrics["batch_size"] = new
+        task, model, inputs, out = _load_and_run(code, cfg, device)
+    metrics["resized"] = code != original
+    if metrics.get("peak_memory_mb") and metrics["peak_memory_mb"] * 2**20 > cap_bytes:
+        raise Reject("timing", "too_large", f"peak memory {metrics['peak_memory_mb']:.0f} MB over the cap")
+    reason = "too_fast" if metrics["eager_ms"] < low else "too_slow"
+    raise Reject("timing", reason, f"median eager time {metrics['eager_ms']:.3f} ms is outside [{low}, {high}] ms")
+
+
+def _measure(model, inputs, cfg, device) -> tuple[float, int | None]:
+    """Median eager forward time in ms after warm-up, and peak device memory in bytes."""
+    with _exclusive(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK")):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        first = _time_once(model, inputs, device)
+        if first > cfg["window_ms"][1] * 5:
+            return first, _peak(device)
+        _time_once(model, inputs, device)
+        repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
+        times = [_time_once(model, inputs, device) for _ in range(repeats)]
+        return statistics.median(times), _peak(device)
+
+
+def _time_once(model, inputs, device) -> float:
+    with torch.no_grad():
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(*inputs)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        began = time.perf_counter()
+        model(*inputs)
+        return (time.perf_counter() - began) * 1e3
+
+
+def _peak(device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: str | None):
+    """Timing owns the GPU: workers sharing a device take turns through a file lock."""
+    if not lock_path:
+        yield
+        return
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# -- determinism, degeneracy, compile ----------------------------------------------------
+
+def _check_determinism(task, model, inputs, out, cfg, device, metrics):
+    again = forward(model, inputs)
+    fresh = forward(build_model(task, cfg["seed"], device), inputs)
+    diff = max(max_diff(out, again), max_diff(out, fresh))
+    metrics["determinism_max_diff"] = diff
+    if diff > cfg["determinism_tol"]:
+        raise Reject("determinism", "nondeterministic",
+                     f"two runs on the same weights and inputs differ by {diff:.3g} (> {cfg['determinism_tol']})")
+
+
+def _check_not_constant(task, model, inputs, out, cfg, device, metrics):
+    other_inputs = make_inputs(task, device)
+    tensors = [(a, b) for a, b in zip(inputs, other_inputs) if isinstance(a, torch.Tensor)]
+    if tensors and all(a.shape == b.shape and _equal(a, b) for a, b in tensors):
+        raise Reject("degenerate", "fixed_inputs", "get_inputs() returned the same tensors twice")
+    other = forward(model, other_inputs)
+    metrics["input_sensitivity"] = max_diff(out, other)
+    if close(out, other, cfg["atol"], cfg["rtol"]):
+        raise Reject("degenerate", "constant_output",
+                     "outputs for two independent random inputs agree at the verification tolerance")
+
+
+def _check_compile(model, inputs, out, cfg, metrics):
+    _reset_dynamo()
+    began = time.perf_counter()
+    try:
+        compiled = forward(_compile(model), inputs)
+    except Exception as error:
+        raise Reject("compile", "compile_error", _short(error))
+    finally:
+        metrics["compile_ms"] = (time.perf_counter() - began) * 1e3
+    metrics["compile_max_diff"] = max_diff(out, compiled)
+    if not close(out, compiled, cfg["atol"], cfg["rtol"]):
+        raise Reject("compile", "compile_mismatch",
+                     f"eager and compiled outputs differ by {metrics['compile_max_diff']:.3g} "
+                     f"(atol=rtol={cfg['atol']})")
+
+
+def close(a: list, b: list, atol: float, rtol: float) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and _allclose(x.float(), y.float(), atol=atol, rtol=rtol) for x, y in zip(a, b))
+
+
+def max_diff(a: list, b: list) -> float:
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        return math.inf
+    diffs = [float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b)]
+    return max(diffs, default=0.0)
+
+
+OOM_MESSAGES = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+def _as_reject(error: BaseException, stage: str) -> Reject:
+    """Running out of memory is its own reason (the task may fit once re-sized); any other
+    exception from the task's code is an eager error."""
+    text = str(error).lower()
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MESSAGES):
+        return Reject(stage, "out_of_memory", _short(error))
+    return Reject(stage, "eager_error", _short(error))
+
+
+def _short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) < 500 else text[:497] + "..."

@@ -1,0 +1,218 @@
+"""The worker pool: untrusted candidates run only here, in long-lived worker processes.
+
+Every job gets a wall-clock limit; a worker that hangs, dies or outgrows its memory is
+killed and replaced, and the job comes back as `timeout`, `crashed` or `out_of_memory`.
+`run` never raises: every job yields a result dict. Results travel on a pipe of their own,
+never on the worker's stdout.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from filters.worker import receive, send
+
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    device: str = "cpu"
+    timeout_s: float = 300.0
+    max_memory_gb: float = 8.0
+    # How memory is capped: "rlimit" (address-space limit; breaks CUDA), "rss" (the parent
+    # watches resident memory and kills the worker), or "auto" (rlimit on CPU, rss on GPU).
+    memory_guard: str = "auto"
+    threads: int | None = None
+    isolate_network: bool = True
+    startup_timeout_s: float = 180.0
+    log_path: str | None = None
+    # Workers that share a GPU take turns timing through a lock file per GPU in this folder.
+    timing_lock_dir: str | None = None
+    env: tuple = ()  # extra (name, value) environment pairs; a tuple keeps options hashable
+
+    def guard(self) -> str:
+        if self.memory_guard != "auto":
+            return self.memory_guard
+        return "rss" if self.device.startswith("cuda") else "rlimit"
+
+
+class WorkerFailed(RuntimeError):
+    """A worker could not start at all: an environment problem, not a candidate's fault."""
+
+
+class Worker:
+    def __init__(self, options: SandboxOptions, gpu: int | None = None):
+        self.options, self.gpu = options, gpu
+        self.process: subprocess.Popen | None = None
+        self.info: dict = {}
+
+    def run(self, job: dict) -> dict:
+        if not self.alive():
+            self.start()
+        try:
+            send(self.job_fd, job)
+        except OSError:
+            return self._died(job)
+        return self._await_result(job)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        self.stop()
+        job_r, self.job_fd = os.pipe()
+        self.result_fd, result_w = os.pipe()
+        options = {"isolate_network": self.options.isolate_network, "threads": self.options.threads,
+                   "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None}
+        env = {**os.environ, **dict(self.options.env), "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        if self.options.timing_lock_dir:
+            env["OPSYNTH_TIMING_LOCK"] = os.path.join(self.options.timing_lock_dir, f"gpu{self.gpu or 0}.lock")
+        log = open(self.options.log_path, "ab") if self.options.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "filters.worker", str(job_r), str(result_w), json.dumps(options)],
+            pass_fds=(job_r, result_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+            env=env, start_new_session=True)
+        if log is not subprocess.DEVNULL:
+            log.close()
+        os.close(job_r)
+        os.close(result_w)
+        ready = self._read(self.options.startup_timeout_s)
+        if not isinstance(ready, dict) or not ready.get("ready"):
+            self.stop()
+            raise WorkerFailed(f"a sandbox worker did not start ({ready}); see {self.options.log_path or 'its stderr'}")
+        self.info = ready
+
+    def stop(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                with _quiet():
+                    os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            for fd in (self.job_fd, self.result_fd):
+                with _quiet():
+                    os.close(fd)
+        self.process = None
+
+    def _await_result(self, job: dict) -> dict:
+        outcome = self._read(self.options.timeout_s, watch_memory=self.options.guard() == "rss")
+        if isinstance(outcome, dict):
+            return outcome
+        if outcome == "timeout":
+            self.stop()
+            return _failure(job, "timeout", f"no result within {self.options.timeout_s:.0f} s; the worker was killed")
+        if outcome == "memory":
+            self.stop()
+            return _failure(job, "out_of_memory",
+                            f"resident memory passed {self.options.max_memory_gb} GB; the worker was killed")
+        return self._died(job)
+
+    def _died(self, job: dict) -> dict:
+        code = self.process.wait() if self.process else None
+        self.stop()
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            reason = "out_of_memory" if name == "SIGKILL" else "crashed"
+            return _failure(job, reason, f"the worker died from {name}")
+        return _failure(job, "crashed", f"the worker exited with code {code} before answering")
+
+    def _read(self, timeout_s: float, watch_memory: bool = False):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.result_fd], [], [], POLL_S)
+            if ready:
+                return receive(self.result_fd)  # None when the worker closed the pipe by dying
+            if watch_memory and _rss_bytes(self.process.pid) > self.options.max_memory_gb * 2**30:
+                return "memory"
+            if self.process.poll() is not None:
+                return None
+        return "timeout"
+
+
+class WorkerPool:
+    """N workers; `run_many` spreads jobs over them and returns results in job order."""
+
+    def __init__(self, size: int, options: SandboxOptions, gpus: list[int] | None = None):
+        self.options = options
+        self.workers = [Worker(options, gpus[i % len(gpus)] if gpus else None) for i in range(max(1, size))]
+        self.idle: queue.Queue[Worker] = queue.Queue()
+        for worker in self.workers:
+            self.idle.put(worker)
+
+    def run_many(self, jobs: list[dict]) -> list[dict]:
+        with ThreadPoolExecutor(len(self.workers)) as executor:
+            return list(executor.map(self._run_one, jobs))
+
+    def _run_one(self, job: dict) -> dict:
+        worker = self.idle.get()
+        try:
+            return worker.run(job)
+        finally:
+            self.idle.put(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_SHARED: dict = {}
+
+
+def shared_pool(size: int, options: SandboxOptions, gpus: list[int] | None = None) -> WorkerPool:
+    """One warm pool per process and configuration, reused by every Beam bundle and round
+    (torch imported and the compiler warm once, not per bundle)."""
+    key = (size, options, tuple(gpus or ()))
+    if key not in _SHARED:
+        _SHARED[key] = WorkerPool(size, options, gpus)
+    return _SHARED[key]
+
+
+@atexit.register
+def _close_shared() -> None:
+    for pool in _SHARED.values():
+        pool.close()
+    _SHARED.clear()
+
+
+def _failure(job: dict, reason: str, detail: str) -> dict:
+    return {"passed": False, "stage": "sandbox", "reason": reason, "detail": detail, "metrics": {},
+            "code": job["code"]}
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class _quiet:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        return kind is not None and issubclass(kind, (OSError, ProcessLookupError))
+
+
+__all__ = ["SandboxOptions", "Worker", "WorkerPool", "WorkerFailed", "asdict"]

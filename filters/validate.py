@@ -1,0 +1,26 @@
+"""Validate candidates: the static check here, every execution check in the sandbox."""
+from __future__ import annotations
+
+from filters.sandbox import WorkerPool
+from filters.static_check import static_check
+from operators.records import Candidate, Verdict
+
+
+def validate(candidates: list[Candidate], pool: WorkerPool, check_config: dict,
+             extra_imports: frozenset[str] = frozenset()) -> list[Verdict]:
+    """One Verdict per candidate, in order. Never raises for anything a candidate does."""
+    verdicts: list[Verdict | None] = [None] * len(candidates)
+    to_run = []
+    for position, candidate in enumerate(candidates):
+        rejected = static_check(candidate.code, extra_imports)
+        if rejected:
+            verdicts[position] = Verdict(candidate.id, "static", False, rejected[0], rejected[1])
+        else:
+            to_run.append(position)
+    results = pool.run_many([{"code": candidates[p].code, "config": check_config} for p in to_run])
+    for position, result in zip(to_run, results):
+        candidate = candidates[position]
+        resized = result.get("code") if result.get("code") not in (None, candidate.code) else None
+        verdicts[position] = Verdict(candidate.id, result["stage"], result["passed"], result["reason"],
+                                     result["detail"], result.get("metrics", {}), resized)
+    return verdicts

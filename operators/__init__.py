@@ -1,0 +1,1 @@
+"""Operator catalog: crawl libraries into OpSpecs with runnable seed tasks."""

@@ -1,0 +1,79 @@
+"""The operator catalog: crawl sources, write one Parquet file, and cache it by versions."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from operators.probe import probe
+from operators.sources import source_for
+from operators.records import OpSpec, SkippedOp
+
+log = logging.getLogger(__name__)
+CATALOG_VERSION = "1"  # bump when probing rules change, so cached catalogs are rebuilt
+
+CATALOG_SCHEMA = pa.schema([
+    ("name", pa.string()), ("library", pa.string()), ("kind", pa.string()),
+    ("runnable", pa.bool_()), ("skip_reason", pa.string()), ("skip_detail", pa.string()),
+    ("layouts", pa.list_(pa.string())), ("keeps_rank", pa.list_(pa.string())),
+    ("init_args", pa.string()), ("call_args", pa.string()),
+    ("output_shape", pa.list_(pa.int64())), ("output_dtype", pa.string()), ("seed_code", pa.string()),
+])
+
+
+def crawl(libraries: list[str]) -> tuple[list[OpSpec], list[SkippedOp]]:
+    specs, skipped, seen = [], [], set()
+    for library in libraries:
+        source = source_for(library)
+        for name, obj in source():
+            if name in seen:
+                continue
+            seen.add(name)
+            result = probe(obj, name, library.split(".")[0])
+            (specs if isinstance(result, OpSpec) else skipped).append(result)
+    log.info("crawled %s: %d runnable, %d skipped", ",".join(libraries), len(specs), len(skipped))
+    return specs, skipped
+
+
+def write_catalog(path: Path, specs: list[OpSpec], skipped: list[SkippedOp]) -> None:
+    rows = [{**spec.to_row(), "runnable": True, "skip_reason": "", "skip_detail": ""} for spec in specs]
+    rows += [{"name": s.name, "library": s.library, "kind": s.kind, "runnable": False,
+              "skip_reason": s.reason, "skip_detail": s.detail, "layouts": [], "keeps_rank": [],
+              "init_args": "{}", "call_args": "{}", "output_shape": [], "output_dtype": "", "seed_code": ""}
+             for s in skipped]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA), tmp, compression="zstd")
+    tmp.replace(path)
+
+
+def read_catalog(path: Path) -> list[OpSpec]:
+    rows = pq.read_table(path).to_pylist()
+    return [OpSpec.from_row(row) for row in rows if row["runnable"]]
+
+
+def cache_key(libraries: list[str]) -> str:
+    versions = {lib: _version(lib.split(".")[0]) for lib in libraries}
+    blob = json.dumps({"catalog": CATALOG_VERSION, "versions": versions, "libraries": libraries}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_or_crawl(libraries: list[str], cache_dir: Path) -> tuple[Path, list[OpSpec]]:
+    """The catalog for these libraries at their installed versions, crawling only on a miss."""
+    path = Path(cache_dir) / "catalogs" / f"catalog-{cache_key(libraries)}.parquet"
+    if not path.exists():
+        specs, skipped = crawl(libraries)
+        write_catalog(path, specs, skipped)
+    return path, read_catalog(path)
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unversioned"

@@ -1,0 +1,171 @@
+"""Signature probing: make an operator run on each input layout, or say why it cannot.
+
+A module's required constructor arguments and a function's required arguments are filled
+from name recipes (`in_features` -> the input's last dimension, `kernel_size` -> 3, ...);
+builtins without a signature are tried with a few call patterns. An op is kept for a
+layout when it returns one floating tensor that is not a view of its input.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+import torch.nn as nn
+
+from operators.exclusions import exclusion_reason
+from operators.layouts import LAYOUTS, layouts_for, resolve
+from operators.records import FUNCTION, MODULE, OpSpec, SkippedOp
+from operators.task import BoundOp, bind, chain_output, render_task
+
+ARG_RECIPES = {
+    "in_features": "$L", "out_features": "$L", "normalized_shape": "$L",
+    "num_features": "$C", "in_channels": "$C", "out_channels": "$C", "num_channels": "$C",
+    "embed_dim": "$L", "d_model": "$L", "hidden_size": "$L", "input_size": "$L",
+    "kernel_size": 3, "num_groups": 4, "num_heads": 4, "nhead": 4, "groups": 2,
+    "output_size": 4, "upscale_factor": 2, "downscale_factor": 2, "size": 3,
+    "lambd": 0.5, "threshold": 0.1, "value": 0.0, "padding": 1, "pad": (1, 1),
+    "norm_type": 2.0, "dim": -1,
+}
+# Optional arguments whose default is unusable in a task (`dim=None` warns and guesses).
+OPTIONAL_OVERRIDES = {"dim": -1}
+# Call patterns for builtins that expose no signature.
+BUILTIN_PATTERNS = ({}, {"dim": -1})
+PROBE_SIZES = {"features": (2, 64), "sequence": (2, 16, 64), "signal": (2, 16, 32),
+               "image": (2, 16, 16, 16), "volume": (2, 8, 8, 8, 8)}
+TENSOR_PARAM_NAMES = {"input", "x", "self", "tensor", "a", "A"}
+
+
+class ProbeFailure(Exception):
+    """The op ran (or failed to) in a way that rules it out; args[0] is the reason code."""
+
+
+def probe(obj, name: str, library: str) -> OpSpec | SkippedOp:
+    kind = MODULE if isinstance(obj, type) else FUNCTION
+    reason = exclusion_reason(name)
+    if reason:
+        return SkippedOp(name, library, kind, reason)
+    try:
+        recipes = module_recipes(obj) if kind == MODULE else function_recipes(obj)
+    except ProbeFailure as failure:
+        return SkippedOp(name, library, kind, failure.args[0], failure.args[1] if len(failure.args) > 1 else "")
+    spec = None
+    failures = []
+    for recipe in recipes:
+        spec, failure = _probe_layouts(obj, name, library, kind, recipe)
+        if spec:
+            return spec
+        failures.append(failure)
+    code, detail = _most_telling(failures)
+    return SkippedOp(name, library, kind, code, detail)
+
+
+def module_recipes(cls) -> list[dict]:
+    if not issubclass(cls, nn.Module):
+        raise ProbeFailure("not_an_op", "class is not an nn.Module")
+    init = inspect.signature(cls.__init__)
+    recipe = _fill(list(init.parameters.values())[1:])
+    forward_required = [p for p in list(inspect.signature(cls.forward).parameters.values())[1:] if _required(p)]
+    if len(forward_required) > 1:
+        raise ProbeFailure("multiple_inputs", f"forward needs {[p.name for p in forward_required]}")
+    return [recipe]
+
+
+def function_recipes(fn) -> list[dict]:
+    if not callable(fn):
+        raise ProbeFailure("not_an_op", "not callable")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return [dict(p) for p in BUILTIN_PATTERNS]
+    if not params or params[0].name not in TENSOR_PARAM_NAMES:
+        raise ProbeFailure("no_tensor_input", f"first parameter is {params[0].name if params else 'missing'}")
+    return [_fill(params[1:])]
+
+
+def _fill(params: list[inspect.Parameter]) -> dict:
+    recipe = {}
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if _required(param):
+            if param.name not in ARG_RECIPES:
+                raise ProbeFailure("unknown_required_arg", param.name)
+            recipe[param.name] = ARG_RECIPES[param.name]
+        elif param.name in OPTIONAL_OVERRIDES and param.default is None:
+            recipe[param.name] = OPTIONAL_OVERRIDES[param.name]
+    return recipe
+
+
+def _required(param: inspect.Parameter) -> bool:
+    return param.default is param.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+
+
+def _probe_layouts(obj, name, library, kind, recipe):
+    runs_on, keeps_rank, failures = [], [], []
+    for layout_name in layouts_for(name):
+        try:
+            out, x = _run_once(obj, kind, recipe, layout_name)
+        except ProbeFailure as failure:
+            failures.append((failure.args[0], failure.args[1] if len(failure.args) > 1 else ""))
+            continue
+        runs_on.append(layout_name)
+        if out.dim() == x.dim():
+            keeps_rank.append(layout_name)
+    if not runs_on:
+        return None, _most_telling(failures)
+    init_args, call_args = (recipe, {}) if kind == MODULE else ({}, recipe)
+    spec = OpSpec(name, library, kind, tuple(runs_on), tuple(keeps_rank), init_args, call_args)
+    return _with_seed(spec), None
+
+
+def _run_once(obj, kind, recipe, layout_name):
+    layout = LAYOUTS[layout_name]
+    shape = PROBE_SIZES[layout_name]
+    args = {key: resolve(value, shape, layout.channel_axis) for key, value in recipe.items()}
+    x = torch.rand(shape)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            out = obj(**args).eval()(x) if kind == MODULE else obj(x, **args)
+    except Exception as error:  # any failure of a foreign op on this input rules the layout out
+        raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
+    _check_output(out, x)
+    return out, x
+
+
+def _check_output(out, x) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise ProbeFailure("tuple_output" if isinstance(out, (tuple, list)) else "non_tensor_output", type(out).__name__)
+    if not out.is_floating_point():
+        raise ProbeFailure("non_float_output", str(out.dtype))
+    if out.dim() == 0 or out.numel() == 0:
+        raise ProbeFailure("scalar_output", f"shape {tuple(out.shape)}")
+    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        raise ProbeFailure("view_only", "output shares its storage with the input")
+
+
+def _with_seed(spec: OpSpec) -> OpSpec:
+    """Attach the seed task (the op alone, on its first layout at default sizes) and its output."""
+    layout = LAYOUTS[spec.layouts[0]]
+    bound = bind(spec, layout, layout.sizes)
+    out = _meta_output(bound, layout.sizes)
+    seed = render_task([bound], layout, layout.sizes)
+    return OpSpec(**{**spec.__dict__, "seed_code": seed,
+                     "output_shape": tuple(out.shape) if out is not None else (),
+                     "output_dtype": str(out.dtype).replace("torch.", "") if out is not None else ""})
+
+
+def _meta_output(bound: BoundOp, shape):
+    try:
+        return chain_output([bound], shape)
+    except Exception:  # the seed still goes to the filters, which say why it fails
+        return None
+
+
+def _most_telling(failures: list[tuple[str, str]]) -> tuple[str, str]:
+    """Report the most specific failure: an output rule beats a plain crash."""
+    for code, detail in failures:
+        if code != "probe_failed":
+            return code, detail
+    return failures[0] if failures else ("probe_failed", "no layout to try")

@@ -1,0 +1,115 @@
+"""The records the parts pass each other (DESIGN.md): OpSpec, Candidate, Verdict."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+MODULE = "module"
+FUNCTION = "function"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An operator known to run.
+
+    `init_args` and `call_args` are recipes: each value is a literal, or a reference to the
+    input's shape (`"$C"` the channel size, `"$L"` the last dimension) resolved when the op
+    is placed in a chain. `layouts` lists the input layouts the op was probed on and ran;
+    `keeps_rank` those where its output has the input's rank (so it can sit mid-chain).
+    """
+
+    name: str
+    library: str
+    kind: str
+    layouts: tuple[str, ...]
+    keeps_rank: tuple[str, ...]
+    init_args: dict = field(default_factory=dict)
+    call_args: dict = field(default_factory=dict)
+    output_shape: tuple[int, ...] = ()
+    output_dtype: str = ""
+    seed_code: str = ""
+
+    def to_row(self) -> dict:
+        row = asdict(self)
+        row["layouts"] = list(self.layouts)
+        row["keeps_rank"] = list(self.keeps_rank)
+        row["output_shape"] = list(self.output_shape)
+        row["init_args"] = json.dumps(self.init_args)
+        row["call_args"] = json.dumps(self.call_args)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict) -> "OpSpec":
+        return cls(
+            name=row["name"],
+            library=row["library"],
+            kind=row["kind"],
+            layouts=tuple(row["layouts"]),
+            keeps_rank=tuple(row["keeps_rank"]),
+            init_args=_json_dict(row["init_args"]),
+            call_args=_json_dict(row["call_args"]),
+            output_shape=tuple(row["output_shape"]),
+            output_dtype=row["output_dtype"],
+            seed_code=row["seed_code"],
+        )
+
+
+@dataclass(frozen=True)
+class SkippedOp:
+    """An operator the crawl saw but could not make runnable, and why (a stable code)."""
+
+    name: str
+    library: str
+    kind: str
+    reason: str
+    detail: str = ""
+
+
+def _json_dict(value) -> dict:
+    """Parse a JSON-encoded recipe; JSON has no tuples, so lists come back as tuples."""
+    parsed = json.loads(value) if isinstance(value, str) else dict(value)
+    return {key: tuple(v) if isinstance(v, list) else v for key, v in parsed.items()}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A composed task on its way through the filters (DESIGN.md)."""
+
+    id: str
+    ops: tuple[str, ...]
+    data_source: str
+    code: str
+    composer: str
+    seed: int
+    provenance: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Where a candidate ended: the stage that decided, pass or a stable reason code, and
+    every measurement taken on the way (kept even for rejects). `code` is set when the
+    validator re-sized the task, and is then the code to store."""
+
+    id: str
+    stage: str
+    passed: bool
+    reason: str = ""
+    detail: str = ""
+    metrics: dict = field(default_factory=dict)
+    code: str | None = None
+
+
+def record_to_json(candidate: Candidate, verdict: Verdict) -> str:
+    return json.dumps({"candidate": asdict(candidate), "verdict": asdict(verdict)}, default=_json_default)
+
+
+def record_from_json(line: str) -> tuple[Candidate, Verdict]:
+    data = json.loads(line)
+    candidate = data["candidate"]
+    return Candidate(**{**candidate, "ops": tuple(candidate["ops"])}), Verdict(**data["verdict"])
+
+
+def _json_default(value):
+    if isinstance(value, float):
+        return value
+    return str(value)

@@ -1,0 +1,76 @@
+"""Op sources: where the crawl finds operators.
+
+A source is a callable returning (display name, object) pairs for one library. Built-in
+sources are `torch`; any importable module name is crawled by walking its public names;
+third-party packages register more under the entry-point group `opsynth.op_sources`.
+"""
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Callable, Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ENTRY_POINT_GROUP = "opsynth.op_sources"
+OpSource = Callable[[], Iterable[tuple[str, object]]]
+
+
+class UnknownLibrary(ValueError):
+    """A --library value that is neither a registered source nor an importable module."""
+
+
+def torch_ops() -> Iterable[tuple[str, object]]:
+    for attr in sorted(dir(nn)):
+        obj = getattr(nn, attr)
+        if isinstance(obj, type) and issubclass(obj, nn.Module):
+            yield f"torch.nn.{attr}", obj
+    for attr in sorted(dir(F)):
+        obj = getattr(F, attr)
+        if callable(obj) and not isinstance(obj, type) and not attr.startswith("_"):
+            yield f"torch.nn.functional.{attr}", obj
+    # torch.* tensor ops: the functions that are also Tensor methods (this leaves out
+    # global-state setters such as set_default_dtype, which are not).
+    for attr in sorted(dir(torch)):
+        obj = getattr(torch, attr)
+        if callable(obj) and not isinstance(obj, type) and hasattr(torch.Tensor, attr) and not attr.startswith("_"):
+            yield f"torch.{attr}", obj
+
+
+def module_ops(module_name: str) -> OpSource:
+    def walk() -> Iterable[tuple[str, object]]:
+        module = importlib.import_module(module_name)
+        public = getattr(module, "__all__", None) or [a for a in dir(module) if not a.startswith("_")]
+        for attr in sorted(public):
+            obj = getattr(module, attr, None)
+            if isinstance(obj, type) and issubclass(obj, nn.Module) or callable(obj) and not isinstance(obj, type):
+                yield f"{module_name}.{attr}", obj
+    return walk
+
+
+BUILTIN_SOURCES: dict[str, OpSource] = {"torch": torch_ops}
+
+
+def registered_sources() -> dict[str, OpSource]:
+    sources = dict(BUILTIN_SOURCES)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in sources:
+            raise ValueError(f"op source {entry.name!r} is registered twice (entry point {entry.value})")
+        sources[entry.name] = entry.load()
+    return sources
+
+
+def source_for(library: str) -> OpSource:
+    sources = registered_sources()
+    if library in sources:
+        return sources[library]
+    try:
+        importlib.import_module(library)
+    except ImportError as error:
+        raise UnknownLibrary(
+            f"--library {library!r} is neither a registered op source ({', '.join(sorted(sources))}) "
+            f"nor an importable module ({error}); install it or fix the name"
+        ) from None
+    return module_ops(library)

@@ -1,0 +1,1 @@
+"""The dataset folder: Parquet shards, rejects, stats.json and the dataset card."""

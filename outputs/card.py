@@ -1,0 +1,113 @@
+"""The dataset card (README.md): YAML metadata the Hub reads, then the story for people."""
+from __future__ import annotations
+
+import yaml
+
+REJECT_GLOSSARY = {
+    "compose_failed": "no chain of the drawn length fitted together",
+    "duplicate": "same normalized code as an earlier candidate",
+    "syntax_error": "does not parse", "bad_interface": "lacks Model / get_inputs / get_init_inputs",
+    "forbidden_import": "imports a module outside the allowlist",
+    "forbidden_call": "reaches the file system, processes, network or interpreter",
+    "stochastic_op": "random op in forward", "eager_error": "raises in eager mode",
+    "nan_or_inf": "output holds NaN or Inf", "nondeterministic": "two identical runs differ",
+    "fixed_inputs": "get_inputs() does not draw fresh inputs",
+    "constant_output": "output does not depend on the input at the verification tolerance",
+    "too_fast": "under the timing window even after re-sizing",
+    "too_slow": "over the timing window even after re-sizing", "too_large": "over the memory cap",
+    "compile_error": "torch.compile fails", "compile_mismatch": "eager and compiled outputs disagree",
+    "timeout": "ran past the wall-clock limit", "crashed": "killed its worker",
+    "out_of_memory": "ran out of memory", "kernelbench_similar": "too close to a KernelBench task",
+}
+
+
+def render_card(stats: dict) -> str:
+    return f"---\n{yaml.safe_dump(_metadata(stats), sort_keys=False)}---\n\n" + "\n".join(_body(stats)) + "\n"
+
+
+def _metadata(stats: dict) -> dict:
+    accepted = stats["accepted"]
+    size = "n<1K" if accepted < 1_000 else "1K<n<10K" if accepted < 10_000 else "10K<n<100K"
+    return {
+        "license": "apache-2.0",
+        "tags": ["code", "cuda", "pytorch", "kernels", "reinforcement-learning", "opsynth"],
+        "size_categories": [size],
+        "task_categories": ["text-generation"],
+        "configs": [{"config_name": "default",
+                     "data_files": [{"split": "train", "path": "data/train-*.parquet"}]}],
+    }
+
+
+def _body(stats: dict) -> list[str]:
+    low, high = stats["window_ms"]
+    lines = [
+        "# opsynth kernel tasks",
+        "",
+        "Self-contained PyTorch programs in the KernelBench format (`Model`, `get_inputs`, "
+        "`get_init_inputs`) that fuse one to five operators, for training agents that write CUDA "
+        "kernels, in the style of CUDA-Agent-Ops-6K. Every task was proven in a sandbox to run in "
+        f"eager mode and under `torch.compile` with agreeing outputs (atol = rtol = {stats['atol']}), "
+        f"to be deterministic, to give input-dependent output, and to take {low}-{high} ms in eager "
+        f"mode on **{stats['device']}**" + (" (a CPU timing window: re-validate on a GPU before GPU training)."
+                                            if stats["device"] == "cpu" else "."),
+        "",
+        *_decontamination(stats),
+        "## Counts",
+        "",
+        f"{stats['accepted']} accepted of {stats['composed']} composed ({stats['rejected']} rejected); "
+        f"the run stopped because it {stats['stop_reason']}.",
+        "",
+        *_table(["ops", "samples"], stats["op_count_mix"].items()),
+        "",
+        *_table(["library", "samples"], stats["library_mix"].items()),
+        "",
+        "## Eager time",
+        "",
+        *_table(["eager ms", "samples"], _histogram_rows(stats["eager_ms_histogram"])),
+        "",
+        "## Reject funnel",
+        "",
+        *_table(["stage", "entered", "rejected"],
+                [(row["stage"], row["entered"], row["rejected"]) for row in stats["funnel"]]),
+        "",
+        *_table(["reason", "rejected", "meaning"],
+                [(r, n, REJECT_GLOSSARY.get(r, "")) for r, n in stats["rejected_by_reason"].items()]),
+        "",
+        "## Provenance",
+        "",
+        *_table(["what", "value"], _provenance(stats)),
+    ]
+    return lines
+
+
+def _decontamination(stats: dict) -> list[str]:
+    if stats.get("decontaminated"):
+        return [f"Decontaminated against `{stats['reference']}`: no task has AST similarity above "
+                f"{stats['similarity_threshold']} to any reference task.", ""]
+    return ["> **Not decontaminated.** This run had no reference benchmark (`--reference`), so tasks "
+            "were not checked against KernelBench. Do not train on it and evaluate on KernelBench.", ""]
+
+
+def _provenance(stats: dict) -> list[tuple[str, str]]:
+    versions = stats["versions"]
+    return [
+        ("opsynth", versions["opsynth"]), ("torch", versions["torch"]),
+        ("transformers", versions["transformers"]), ("apache-beam", versions["apache_beam"]),
+        ("python", versions["python"]), ("device", stats["device"]),
+        ("composer", stats["composer"]), ("seed", str(stats["seed"])),
+        ("timing window (ms)", f"{stats['window_ms'][0]}-{stats['window_ms'][1]}"),
+        ("determinism tolerance", str(stats["determinism_tol"])),
+        ("reference set", stats.get("reference") or "none"),
+        ("wall time (s)", f"{stats['wall_time_s']:.0f}"),
+    ]
+
+
+def _histogram_rows(histogram: dict):
+    edges = histogram["edges_ms"]
+    return [(f"{edges[i]}-{edges[i + 1]}", count) for i, count in enumerate(histogram["counts"]) if count]
+
+
+def _table(header: list[str], rows) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines

@@ -1,0 +1,50 @@
+"""stats.json: the funnel stage by stage, the mixes, the runtime histogram, the versions."""
+from __future__ import annotations
+
+from collections import Counter
+
+from operators.records import Candidate, Verdict
+
+# The order candidates meet the stages in; the funnel reports them in this order.
+STAGES = ("compose", "dedupe", "static", "sandbox", "execute", "timing", "determinism", "degenerate",
+          "compile", "decontaminate")
+HISTOGRAM_EDGES_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> dict:
+    accepted = [(c, v) for c, v in records if v.passed]
+    rejected = [(c, v) for c, v in records if not v.passed]
+    return {
+        "composed": len(records),
+        "accepted": len(accepted),
+        "rejected": len(rejected),
+        "funnel": funnel(records),
+        "rejected_by_reason": dict(Counter(v.reason for _, v in rejected).most_common()),
+        "op_count_mix": _sorted_counts(len(c.ops) for c, _ in accepted),
+        "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
+        "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
+        **run_info,
+    }
+
+
+def funnel(records: list[tuple[Candidate, Verdict]]) -> list[dict]:
+    rejected_at = Counter(v.stage for _, v in records if not v.passed)
+    entered = len(records)
+    rows = []
+    for stage in STAGES + tuple(sorted(set(rejected_at) - set(STAGES))):
+        rows.append({"stage": stage, "entered": entered, "rejected": rejected_at.get(stage, 0)})
+        entered -= rejected_at.get(stage, 0)
+    return rows
+
+
+def histogram(values: list[float | None]) -> dict:
+    edges = HISTOGRAM_EDGES_MS
+    counts = [0] * (len(edges) - 1)
+    for value in (v for v in values if v is not None):
+        index = next((i for i in range(len(edges) - 1) if value < edges[i + 1]), len(counts) - 1)
+        counts[index] += 1
+    return {"edges_ms": list(edges), "counts": counts}
+
+
+def _sorted_counts(values) -> dict:
+    return {str(key): count for key, count in sorted(Counter(values).items())}

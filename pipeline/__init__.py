@@ -1,0 +1,1 @@
+"""The Beam graph, the CLI, the run configuration and the composers."""

@@ -1,0 +1,87 @@
+"""The `opsynth` command line (DESIGN.md). Usage errors exit with 2 and one clear line."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pipeline.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, beam_args = _split_beam_args(argv)
+    args = _parser().parse_args(own)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)  # its import warns about optional GCP clients
+    try:
+        return args.handler(args, beam_args)
+    except ConfigError as error:
+        print(f"opsynth: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Everything after the first `--` goes to Beam unchanged."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opsynth", description="Build kernel-writing training tasks.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="compose, validate and write a dataset",
+                              epilog="Options after `--` go to Apache Beam unchanged, e.g. "
+                                     "`opsynth run -- --direct_running_mode=multi_processing --direct_num_workers=2`.")
+    run.add_argument("--config", help="a YAML file (every flag has a key of the same name) or a shipped recipe name")
+    run.add_argument("--out", help="output folder (default: out)")
+    run.add_argument("--num-samples", type=int, help="accepted samples to reach (default: 8)")
+    run.add_argument("--max-candidates", type=int, help="stop composing after this many candidates (default: 64)")
+    run.add_argument("--composer", choices=["template", "llm"], help="how candidates are composed")
+    run.add_argument("--device", help="auto, cpu or cuda[:N] (default: auto)")
+    run.add_argument("--seed", type=int, help="run seed: the same seed composes the same candidates")
+    run.add_argument("--reference", help="KernelBench checkout, folder, Parquet file or Hub id to decontaminate against")
+    run.add_argument("--library", dest="libraries", action="append", help="op library to draw from (repeatable)")
+    run.add_argument("--workers", type=int, help="sandbox worker processes (0 = auto)")
+    run.add_argument("--timeout-s", type=float, help="wall-clock limit per candidate (default: 300)")
+    run.add_argument("--max-memory-gb", type=float, help="memory limit per sandbox worker (default: 8)")
+    run.add_argument("--cache-dir", help="catalog and compiler cache (default: ~/.cache/opsynth)")
+    run.set_defaults(handler=_run)
+
+    crawl = commands.add_parser("crawl", help="build the operator catalog")
+    crawl.add_argument("--library", dest="libraries", action="append",
+                       help="torch, or any importable module such as torchvision.ops (repeatable; default: torch)")
+    crawl.add_argument("--out", default="catalog.parquet", help="catalog Parquet file (default: catalog.parquet)")
+    crawl.set_defaults(handler=_crawl)
+    return parser
+
+
+def _run(args, beam_args) -> int:
+    from pipeline.config import build_config
+    from pipeline.run import run
+
+    overrides = {key: value for key, value in vars(args).items() if key not in ("command", "handler", "config")}
+    cfg = build_config(args.config, {**overrides, "beam_args": beam_args or None})
+    stats = run(cfg)
+    return 0 if stats["accepted"] >= cfg.num_samples else 1
+
+
+def _crawl(args, beam_args) -> int:
+    from operators.catalog import crawl, write_catalog
+    from operators.sources import UnknownLibrary
+
+    try:
+        specs, skipped = crawl(args.libraries or ["torch"])
+    except UnknownLibrary as error:
+        raise ConfigError(str(error)) from None
+    write_catalog(Path(args.out), specs, skipped)
+    print(f"{args.out}: {len(specs)} runnable ops, {len(skipped)} skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

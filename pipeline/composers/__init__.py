@@ -1,0 +1,1 @@
+"""Composers turn op tuples into candidate tasks: `template` (offline) and `llm`."""

@@ -1,0 +1,120 @@
+"""The run configuration: defaults < config file (YAML) < command-line flags.
+
+Every flag has a config key of the same name (`--num-samples` is `num_samples`). A bad key
+or value raises ConfigError with a message that names the problem and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipeline.composers.template import DEFAULT_OP_COUNT_MIX
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+COMPOSERS = ("template", "llm")
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user must fix; the CLI prints it and exits with 2."""
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("OPSYNTH_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opsynth")
+
+
+@dataclass
+class RunConfig:
+    out: str = "out"
+    num_samples: int = 8
+    max_candidates: int = 64
+    composer: str = "template"
+    device: str = "auto"
+    seed: int = 0
+    reference: str | None = None
+    libraries: list = field(default_factory=lambda: ["torch"])
+    op_count_mix: dict = field(default_factory=lambda: dict(DEFAULT_OP_COUNT_MIX))
+    window_ms: list = field(default_factory=lambda: [1.0, 100.0])
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    determinism_tol: float = 1e-5
+    timeout_s: float = 300.0
+    max_memory_gb: float = 8.0
+    max_task_memory_gb: float = 16.0
+    workers: int = 0
+    cache_dir: str = field(default_factory=default_cache_dir)
+    beam_args: list = field(default_factory=list)
+
+    def check(self) -> "RunConfig":
+        _require(self.num_samples >= 1, "num_samples must be at least 1")
+        _require(self.max_candidates >= 1, "max_candidates must be at least 1")
+        _require(self.composer in COMPOSERS, f"composer must be one of {', '.join(COMPOSERS)}, not {self.composer!r}")
+        _require(self.device == "auto" or self.device == "cpu" or self.device.split(":")[0] == "cuda",
+                 f"device must be auto, cpu or cuda[:N], not {self.device!r}")
+        _require(len(self.window_ms) == 2 and 0 < self.window_ms[0] < self.window_ms[1],
+                 f"window_ms must be [low, high] with 0 < low < high, not {self.window_ms}")
+        _require(self.timeout_s > 0 and self.max_memory_gb > 0, "timeout_s and max_memory_gb must be positive")
+        _require(self.workers >= 0, "workers must be 0 (auto) or more")
+        _require(bool(self.libraries), "libraries must name at least one op library, e.g. [torch]")
+        mix = {int(k): float(v) for k, v in self.op_count_mix.items()}
+        _require(mix and all(1 <= k <= 5 and v >= 0 for k, v in mix.items()) and sum(mix.values()) > 0,
+                 f"op_count_mix must map op counts 1-5 to non-negative weights, not {self.op_count_mix}")
+        self.op_count_mix = mix
+        return self
+
+
+def build_config(config_file: str | None, overrides: dict) -> RunConfig:
+    values = load_config_file(config_file) if config_file else {}
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    return RunConfig(**coerce(values)).check()
+
+
+def load_config_file(name: str) -> dict:
+    path = Path(name)
+    if not path.exists() and (RECIPES_DIR / f"{name}.yaml").exists():
+        path = RECIPES_DIR / f"{name}.yaml"
+    if not path.exists():
+        recipes = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+        raise ConfigError(f"config file {name!r} does not exist (shipped recipes: {recipes})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config keys, not a {type(data).__name__}")
+    return {str(key).replace("-", "_"): value for key, value in data.items()}
+
+
+def coerce(values: dict) -> dict:
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(fields))}")
+    return {key: _coerce_value(key, value, fields[key]) for key, value in values.items()}
+
+
+def _coerce_value(key, value, spec):
+    default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+    kind = type(default)
+    if default is None or value is None:
+        return value
+    try:
+        if kind is bool:
+            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        if kind in (int, float, str):
+            return kind(value)
+        if kind is list:
+            return list(value) if isinstance(value, (list, tuple)) else [v.strip() for v in str(value).split(",")]
+        if kind is dict:
+            return dict(value)
+    except (TypeError, ValueError):
+        pass
+    raise ConfigError(f"config key {key} must be a {kind.__name__}, not {value!r}")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)

@@ -1,0 +1,201 @@
+"""`opsynth run`: compose and validate in rounds until N samples are accepted, then write
+the dataset folder.
+
+Each round is one Beam pipeline over a range of candidate indexes; its records land in
+`OUT/.staging/round-*.jsonl`. Composition is a pure function of (seed, index), so a run
+started again with the same configuration reads the finished rounds back and goes on
+from there instead of redoing them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from filters.sandbox import SandboxOptions
+from operators.catalog import cache_key, load_or_crawl
+from operators.records import record_from_json
+from outputs.dataset import write_dataset
+from pipeline.config import ConfigError, RunConfig
+from pipeline.transforms import ComposeCandidates, DropDuplicates, ValidateCandidates, WriteRecords
+
+log = logging.getLogger("opsynth")
+MIN_YIELD = 0.1
+
+
+def run(cfg: RunConfig) -> dict:
+    started = time.monotonic()
+    device, gpus = resolve_device(cfg.device)
+    out_dir = prepare_out_dir(cfg.out)
+    cache_dir = Path(cfg.cache_dir)
+    _, catalog = load_or_crawl(cfg.libraries, cache_dir)
+    log.info("catalog: %d runnable ops from %s", len(catalog), ", ".join(cfg.libraries))
+    if not cfg.reference:
+        log.warning("NO REFERENCE BENCHMARK (--reference): tasks are NOT decontaminated against KernelBench; "
+                    "the dataset card will say so")
+    workers = cfg.workers or default_workers(device, gpus)
+    staging = _staging_dir(out_dir, _fingerprint(cfg, device))
+    records = _read_rounds(staging)
+    next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
+    if records:
+        log.info("resuming: %d candidates already decided in %s", len(records), staging)
+
+    while True:
+        accepted = sum(v.passed for _, v in records)
+        if accepted >= cfg.num_samples:
+            stop_reason = f"reached --num-samples ({accepted} accepted, {cfg.num_samples} asked)"
+            break
+        if next_index >= cfg.max_candidates:
+            stop_reason = (f"reached --max-candidates ({cfg.max_candidates}) with {accepted} of "
+                           f"{cfg.num_samples} samples accepted")
+            break
+        size = round_size(cfg.num_samples - accepted, accepted, len(records), workers, cfg.max_candidates - next_index)
+        path = staging / f"round-{next_index:07d}-{next_index + size:07d}.jsonl"
+        _run_round(cfg, catalog, range(next_index, next_index + size), {c.id for c, _ in records},
+                   device, gpus, workers, cache_dir, out_dir, path)
+        round_records = _read_jsonl(path)
+        records += round_records
+        next_index += size
+        _log_round(round_records, records, cfg.num_samples)
+
+    (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
+    run_info = _run_info(cfg, device, stop_reason, time.monotonic() - started)
+    stats = write_dataset(out_dir, records, run_info)
+    log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
+    return stats
+
+
+def resolve_device(requested: str) -> tuple[str, list[int]]:
+    import torch
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return "cpu", []
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {requested}: torch sees no CUDA device (torch.cuda.is_available() is False, "
+                          f"torch {torch.__version__}); use --device cpu or --device auto")
+    if ":" in requested:
+        index = int(requested.split(":")[1])
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {requested}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        return "cuda", [index]
+    return "cuda", list(range(torch.cuda.device_count()))
+
+
+def default_workers(device: str, gpus: list[int]) -> int:
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, 8 * len(gpus))) if device == "cuda" else max(1, min(cores, 8))
+
+
+def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int) -> int:
+    """Enough candidates to reach the target at the yield seen so far (a guess of 50% at
+    first), at least one batch for every worker, never past --max-candidates."""
+    observed = accepted / decided if decided else 0.5
+    size = math.ceil(needed / max(observed, MIN_YIELD) * 1.2)
+    return max(1, min(max(size, 2 * workers), remaining))
+
+
+def prepare_out_dir(out: str) -> Path:
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".opsynth-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"--out {out} is not writable ({error.strerror or error}); choose a folder you can write to") from None
+    return path
+
+
+def _run_round(cfg, catalog, indexes, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
+    sandbox = SandboxOptions(
+        device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
+        threads=max(1, (os.cpu_count() or 1) // workers), log_path=str(out_dir / "workers.log"),
+        timing_lock_dir=str(cache_dir) if device == "cuda" else None,
+        env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
+    check_config = {"device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
+                    "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms),
+                    "max_task_memory_gb": cfg.max_task_memory_gb}
+    options = PipelineOptions(_beam_args(cfg.beam_args))
+    with beam.Pipeline(options=options) as pipeline:
+        indexes_pc = pipeline | "Indexes" >> beam.Create(list(indexes))
+        candidates, compose_rejects = indexes_pc | "Compose" >> ComposeCandidates(catalog, cfg.op_count_mix, cfg.seed)
+        unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
+        accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None)
+        ((accepted, failed, compose_rejects, duplicates) | "AllRecords" >> beam.Flatten()
+         | "Write" >> WriteRecords(str(path)))
+
+
+def _beam_args(args: list[str]) -> list[str]:
+    """The user's Beam options, with the embedded DirectRunner unless they chose a runner."""
+    return list(args) if any(a.startswith("--runner") for a in args) else ["--runner=DirectRunner", *args]
+
+
+def _staging_dir(out_dir: Path, fingerprint: str) -> Path:
+    staging = out_dir / ".staging"
+    marker = staging / "fingerprint.txt"
+    if staging.exists() and (not marker.exists() or marker.read_text() != fingerprint):
+        log.info("configuration changed since the last run in %s: starting over", out_dir)
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    marker.write_text(fingerprint)
+    return staging
+
+
+def _fingerprint(cfg: RunConfig, device: str) -> str:
+    """What decides the records of a round: change any of it and old rounds no longer apply."""
+    keys = ("composer", "seed", "libraries", "op_count_mix", "window_ms", "atol", "rtol", "determinism_tol",
+            "max_task_memory_gb")
+    blob = {key: asdict(cfg)[key] for key in keys} | {"device": device, "catalog": cache_key(cfg.libraries)}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_rounds(staging: Path) -> list:
+    return [record for path in sorted(staging.glob("round-*.jsonl")) for record in _read_jsonl(path)]
+
+
+def _read_jsonl(path: Path) -> list:
+    return [record_from_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _log_round(round_records, records, target) -> None:
+    accepted = sum(v.passed for _, v in records)
+    reasons: dict[str, int] = {}
+    for _, verdict in round_records:
+        if not verdict.passed:
+            reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
+    summary = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])) or "none"
+    log.info("round of %d: %d accepted; total %d/%d accepted of %d composed; rejects: %s",
+             len(round_records), sum(v.passed for _, v in round_records), accepted, target, len(records), summary)
+
+
+def _run_info(cfg: RunConfig, device: str, stop_reason: str, wall_time_s: float) -> dict:
+    return {
+        "device": device, "composer": cfg.composer, "seed": cfg.seed, "window_ms": list(cfg.window_ms),
+        "atol": cfg.atol, "rtol": cfg.rtol, "determinism_tol": cfg.determinism_tol,
+        "reference": cfg.reference, "decontaminated": False, "similarity_threshold": None,
+        "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": round(wall_time_s, 1),
+        "libraries": list(cfg.libraries), "versions": versions(),
+    }
+
+
+def versions() -> dict:
+    def of(package):
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+    return {"opsynth": of("opsynth"), "torch": of("torch"), "transformers": of("transformers"),
+            "apache_beam": of("apache-beam"), "python": platform.python_version(), "platform": sys.platform}

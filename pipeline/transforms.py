@@ -1,0 +1,137 @@
+"""The Beam graph of one round: one composite PTransform per stage, each step labelled.
+
+The logic lives in plain Python (pipeline/composers, filters/, outputs/); these transforms
+only wire it, count every outcome with Beam counters, and route rejects to their own
+output so that nothing is dropped: every index that enters leaves as exactly one record.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from filters.sandbox import SandboxOptions, shared_pool
+from filters.validate import validate
+from operators.records import Candidate, OpSpec, Verdict, record_to_json
+from pipeline.composers.template import CompositionFailed, TemplateComposer
+
+REJECTED = "rejected"
+NAMESPACE = "opsynth"
+
+
+def count(stage: str, outcome: str) -> None:
+    Metrics.counter(NAMESPACE, f"{stage}.{outcome}").inc()
+
+
+class ComposeCandidates(beam.PTransform):
+    """Candidate indexes -> Candidates; an index that yields no chain becomes a reject."""
+
+    def __init__(self, catalog: list[OpSpec], op_count_mix: dict, run_seed: int):
+        super().__init__()
+        self.catalog, self.op_count_mix, self.run_seed = catalog, op_count_mix, run_seed
+
+    def expand(self, indexes):
+        outputs = indexes | "ComposeEach" >> beam.ParDo(
+            _ComposeFn(self.catalog, self.op_count_mix, self.run_seed)).with_outputs(REJECTED, main="candidates")
+        return outputs.candidates, outputs[REJECTED]
+
+
+class _ComposeFn(beam.DoFn):
+    def __init__(self, catalog, op_count_mix, run_seed):
+        self.catalog, self.op_count_mix, self.run_seed = catalog, op_count_mix, run_seed
+
+    def setup(self):
+        self.composer = TemplateComposer(self.catalog, self.op_count_mix)
+
+    def process(self, index: int):
+        try:
+            candidate = self.composer.compose(index, self.run_seed)
+        except CompositionFailed as failure:
+            count("compose", "compose_failed")
+            placeholder = Candidate(f"compose-{self.run_seed}-{index}", (), "", "", self.composer.name,
+                                    self.run_seed, {"index": index})
+            yield beam.pvalue.TaggedOutput(REJECTED, (placeholder, Verdict(placeholder.id, "compose", False,
+                                                                             "compose_failed", str(failure))))
+            return
+        count("compose", "composed")
+        yield candidate
+
+
+class DropDuplicates(beam.PTransform):
+    """Keep the first candidate (lowest index) of each id; the others are rejects that name
+    what they duplicate. `prior_ids` are ids already decided in earlier rounds."""
+
+    def __init__(self, prior_ids: frozenset[str] = frozenset()):
+        super().__init__()
+        self.prior_ids = prior_ids
+
+    def expand(self, candidates):
+        outputs = (candidates
+                   | "KeyById" >> beam.Map(lambda c: (c.id, c))
+                   | "GroupById" >> beam.GroupByKey()
+                   | "KeepFirst" >> beam.ParDo(_KeepFirst(self.prior_ids)).with_outputs(REJECTED, main="unique"))
+        return outputs.unique, outputs[REJECTED]
+
+
+class _KeepFirst(beam.DoFn):
+    def __init__(self, prior_ids):
+        self.prior_ids = prior_ids
+
+    def process(self, keyed):
+        candidate_id, group = keyed
+        ordered = sorted(group, key=lambda c: c.provenance.get("index", 0))
+        keep = ordered[0] if candidate_id not in self.prior_ids else None
+        if keep:
+            count("dedupe", "unique")
+            yield keep
+        for duplicate in ordered[1 if keep else 0:]:
+            count("dedupe", "duplicate")
+            original = f"candidate {ordered[0].provenance.get('index')}" if keep else "a candidate of an earlier round"
+            yield beam.pvalue.TaggedOutput(REJECTED, (duplicate, Verdict(
+                duplicate.id, "dedupe", False, "duplicate", f"same normalized code as {original}")))
+
+
+class ValidateCandidates(beam.PTransform):
+    """Static check, then every execution check in the sandbox pool; batches keep all the
+    pool's workers busy at once."""
+
+    def __init__(self, sandbox: SandboxOptions, check_config: dict, workers: int, gpus: list[int] | None):
+        super().__init__()
+        self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
+
+    def expand(self, candidates):
+        batch = 2 * self.workers
+        outputs = (candidates
+                   | "Batch" >> beam.BatchElements(min_batch_size=batch, max_batch_size=batch)
+                   | "RunChecks" >> beam.ParDo(_ValidateBatch(self.sandbox, self.check_config, self.workers, self.gpus))
+                   .with_outputs(REJECTED, main="accepted"))
+        return outputs.accepted, outputs[REJECTED]
+
+
+class _ValidateBatch(beam.DoFn):
+    def __init__(self, sandbox, check_config, workers, gpus):
+        self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
+
+    def setup(self):
+        self.pool = shared_pool(self.workers, self.sandbox, self.gpus)
+
+    def process(self, batch: list[Candidate]):
+        for candidate, verdict in zip(batch, validate(batch, self.pool, self.check_config)):
+            count(verdict.stage, "passed" if verdict.passed else verdict.reason)
+            if verdict.passed:
+                yield candidate, verdict
+            else:
+                yield beam.pvalue.TaggedOutput(REJECTED, (candidate, verdict))
+
+
+class WriteRecords(beam.PTransform):
+    """Every (Candidate, Verdict) of the round as one JSON line, in one file named for the
+    round, written whole or not at all (so a rerun can trust a round file that exists)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def expand(self, records):
+        return (records
+                | "ToJson" >> beam.MapTuple(record_to_json)
+                | "WriteJsonLines" >> beam.io.WriteToText(self.path, num_shards=1, shard_name_template=""))
