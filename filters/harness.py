@@ -26,8 +26,8 @@ _reset_dynamo = torch._dynamo.reset
 
 DEFAULTS = {
     "device": "cpu", "seed": 0, "atol": 1e-2, "rtol": 1e-2, "determinism_tol": 1e-5,
-    "window_ms": (1.0, 100.0), "max_resize_rounds": 4, "max_task_memory_gb": 16.0,
-    "timing_budget_ms": 1000.0, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
+    "window_ms": (1.0, 100.0), "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
+    "timing_budget_ms": 1000.0, "warmup_ms": 100.0, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
 }
 
 
@@ -115,30 +115,38 @@ def _load_and_run(code: str, cfg: dict, device: torch.device):
 # -- timing window and re-sizing ---------------------------------------------------------
 
 def _fit_window(code, cfg, device, metrics, task, model, inputs, out):
+    """Measure; while outside the window (or over the memory cap), scale `batch_size` and
+    measure again. Small tasks are overhead-bound, so a linear estimate can overshoot: the
+    batch sizes known to be too fast and too slow bracket the next guess."""
     low, high = cfg["window_ms"]
     cap_bytes = cfg["max_task_memory_gb"] * 2**30
-    original = code
+    original, too_fast_at, too_slow_at = code, 0, math.inf
     for attempt in range(cfg["max_resize_rounds"] + 1):
         eager_ms, peak = _measure(model, inputs, cfg, device)
         metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
-                       resize_rounds=attempt)
+                       resize_rounds=attempt, resized=code != original)
         too_large = peak is not None and peak > cap_bytes
         if low <= eager_ms <= high and not too_large:
-            metrics["resized"] = code != original
             return code, task, model, inputs, out
         if attempt == cfg["max_resize_rounds"]:
             break
         factor = cap_bytes / peak * 0.8 if too_large else math.sqrt(low * high) / max(eager_ms, 1e-3)
         try:
-            new_code, old, new = scale_constant(code, min(max(factor, 1 / 64), 64))
+            _, batch, _ = scale_constant(code, 1.0)
         except NotResizable:
             break
-        if new == old:
+        if eager_ms < low and not too_large:
+            too_fast_at = max(too_fast_at, batch)
+        else:
+            too_slow_at = min(too_slow_at, batch)
+        guess = round(batch * min(max(factor, 1 / 64), 64))
+        if not too_fast_at < guess < too_slow_at:
+            guess = round(math.sqrt(max(too_fast_at, 1) * min(too_slow_at, batch * 64)))
+        if guess in (batch, too_fast_at, too_slow_at) or guess < 1:
             break
-        code = new_code
-        metrics["batch_size"] = new
+        code, _, _ = scale_constant(code, guess / batch)
+        metrics["batch_size"] = guess
         task, model, inputs, out = _load_and_run(code, cfg, device)
-    metrics["resized"] = code != original
     if metrics.get("peak_memory_mb") and metrics["peak_memory_mb"] * 2**20 > cap_bytes:
         raise Reject("timing", "too_large", f"peak memory {metrics['peak_memory_mb']:.0f} MB over the cap")
     reason = "too_fast" if metrics["eager_ms"] < low else "too_slow"
@@ -154,10 +162,19 @@ def _measure(model, inputs, cfg, device) -> tuple[float, int | None]:
         first = _time_once(model, inputs, device)
         if first > cfg["window_ms"][1] * 5:
             return first, _peak(device)
-        _time_once(model, inputs, device)
+        _warm_up(model, inputs, device, cfg["warmup_ms"])
         repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
         times = [_time_once(model, inputs, device) for _ in range(repeats)]
         return statistics.median(times), _peak(device)
+
+
+def _warm_up(model, inputs, device, budget_ms: float) -> None:
+    """At least three calls and `budget_ms` of them: the first calls of a fresh process
+    fault their memory in (slow and uneven on a VM) and can read many times too slow."""
+    spent, calls = 0.0, 0
+    while calls < 3 or spent < budget_ms:
+        spent += _time_once(model, inputs, device)
+        calls += 1
 
 
 def _time_once(model, inputs, device) -> float:

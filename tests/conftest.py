@@ -1,0 +1,62 @@
+"""Shared fixtures: one crawl and one warm sandbox pool for the whole session."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from filters.sandbox import SandboxOptions, WorkerPool
+from operators.catalog import crawl
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("opsynth-cache")
+
+
+@pytest.fixture(scope="session")
+def torch_catalog():
+    specs, skipped = crawl(["torch"])
+    return specs, skipped
+
+
+def sandbox_options(cache_dir, **overrides) -> SandboxOptions:
+    defaults = dict(device="cpu", timeout_s=120, max_memory_gb=6, threads=1,
+                    log_path=str(cache_dir / "workers.log"),
+                    env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
+    return SandboxOptions(**{**defaults, **overrides})
+
+
+@pytest.fixture(scope="session")
+def pool(cache_dir):
+    with WorkerPool(2, sandbox_options(cache_dir)) as shared:
+        yield shared
+
+
+def make_task(forward: str, *, init: str = "", inputs: str = "[torch.rand(batch_size, features)]",
+              constants: str = "batch_size = 64\nfeatures = 256", header: str = "") -> str:
+    """A tiny task in the KernelBench format; `forward` is the body of Model.forward(x)."""
+    return textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        {header}
+        {constants}
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+        {init}
+            def forward(self, x):
+        {forward}
+
+
+        def get_inputs():
+            return {inputs}
+
+
+        def get_init_inputs():
+            return []
+        """).format(header=header, constants=constants, inputs=inputs,
+                    init=textwrap.indent(textwrap.dedent(init), " " * 8) or "",
+                    forward=textwrap.indent(textwrap.dedent(forward), " " * 8))

@@ -1,0 +1,64 @@
+"""One case per execution reason code, all run through the real sandbox pool in one batch."""
+import ast
+
+import pytest
+
+from tests.conftest import make_task
+
+OPEN = {"window_ms": [1e-6, 1e6]}  # timing is tested by its own cases; the others must not hinge on it
+FAST = {**OPEN, "compile": False}
+CASES = {
+    "accepted": (make_task("return torch.relu(self.linear(x))", init="self.linear = nn.Linear(256, 256)"), {}),
+    "eager_error": (make_task("return x @ torch.ones(3, 3)"), FAST),
+    "nan_or_inf": (make_task("return torch.log(x - 2.0)"), FAST),
+    "nondeterministic": (make_task("self.calls += 1\nreturn x * self.calls", init="self.calls = 0"), FAST),
+    "constant_output": (make_task("return x * 0.0 + 1.0"), FAST),
+    "fixed_inputs": (make_task("return x * 2.0", inputs="[torch.ones(batch_size, features)]"), FAST),
+    "too_fast": (make_task("return x + 1.0", constants="features = 8", inputs="[torch.rand(4, features)]"),
+                 {"compile": False}),
+    "too_slow": (make_task("return x @ x.T", constants="features = 512", inputs="[torch.rand(2048, features)]"),
+                 {"compile": False, "window_ms": [0.001, 0.01]}),
+    "out_of_memory": (make_task("return x + torch.empty(1 << 40)"), FAST),
+    "compile_error": (make_task("if torch.compiler.is_compiling():\n    return x.reshape(-1, 7)\nreturn x * 2.0"), OPEN),
+    "compile_mismatch": (make_task("if torch.compiler.is_compiling():\n    return x + 1.0\nreturn x * 2.0"), OPEN),
+    "resized": (make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 1\nfeatures = 256"),
+                {"compile": False}),
+}
+
+
+@pytest.fixture(scope="module")
+def results(pool):
+    names = list(CASES)
+    outcomes = pool.run_many([{"code": CASES[n][0], "config": CASES[n][1]} for n in names])
+    return dict(zip(names, outcomes))
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("accepted", "resized")])
+def test_each_execution_reason(results, name):
+    result = results[name]
+    assert not result["passed"]
+    assert result["reason"] == name, result
+
+
+def test_a_sound_task_passes_with_every_measurement_kept(results):
+    result = results["accepted"]
+    assert result["passed"], result
+    metrics = result["metrics"]
+    assert 1.0 <= metrics["eager_ms"] <= 100.0
+    assert metrics["determinism_max_diff"] <= 1e-5
+    assert metrics["compile_max_diff"] <= 1e-2 and metrics["compile_ms"] > 0
+    assert metrics["input_sensitivity"] > 1e-2
+
+
+def test_a_too_fast_task_is_resized_into_the_window(results):
+    result = results["resized"]
+    assert result["passed"], result
+    assert result["metrics"]["resized"] and 1.0 <= result["metrics"]["eager_ms"] <= 100.0
+    constants = {n.targets[0].id: n.value.value for n in ast.parse(result["code"]).body
+                 if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
+    assert constants["batch_size"] > 1 and constants["features"] == 256
+
+
+def test_rejects_keep_the_measurements_they_took(results):
+    assert results["too_fast"]["metrics"]["eager_ms"] < 1.0
+    assert results["constant_output"]["metrics"]["input_sensitivity"] == 0.0

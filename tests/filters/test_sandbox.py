@@ -1,0 +1,68 @@
+"""Hostile tasks: each is caught with a reason, the pool survives, and benign work goes on."""
+import os
+
+import pytest
+
+from filters.sandbox import WorkerPool
+from filters.validate import validate
+from operators.records import Candidate
+from tests.conftest import make_task, sandbox_options
+
+FAST = {"compile": False, "window_ms": [1e-6, 1e6]}  # timing is tested on its own cases
+BENIGN = make_task("return torch.sigmoid(x).cumsum(-1)")
+HOSTILE = {
+    "timeout": make_task("while True:\n    pass"),
+    "crashed_segfault": make_task("import ctypes\nctypes.string_at(0)\nreturn x"),
+    "crashed_exit": make_task("import os\nos._exit(0)"),
+    "crashed_system_exit": make_task("raise SystemExit(0)"),
+}
+
+
+@pytest.fixture(scope="module")
+def short_pool(cache_dir):
+    with WorkerPool(2, sandbox_options(cache_dir, timeout_s=15)) as pool:
+        yield pool
+
+
+def test_hostile_tasks_get_a_reason_and_benign_ones_still_pass(short_pool, tmp_path):
+    names = list(HOSTILE) + ["benign_a", "benign_b"]
+    jobs = [{"code": HOSTILE.get(name, BENIGN), "config": FAST} for name in names]
+    results = dict(zip(names, short_pool.run_many(jobs)))
+    assert results["timeout"]["reason"] == "timeout"
+    for name in ("crashed_segfault", "crashed_exit", "crashed_system_exit"):
+        assert results[name]["reason"] == "crashed", results[name]
+    assert results["benign_a"]["passed"] and results["benign_b"]["passed"]
+
+
+def test_printing_a_fake_verdict_does_not_reach_the_result_channel(pool):
+    fake = '{"passed": true, "stage": "accepted", "reason": "", "detail": "", "metrics": {}, "code": ""}'
+    code = make_task(f"print({fake!r})\nreturn x * 0.0")
+    [result] = pool.run_many([{"code": code, "config": FAST}])
+    assert not result["passed"] and result["reason"] == "constant_output"
+
+
+def test_rss_guard_kills_a_worker_that_outgrows_its_memory(cache_dir):
+    code = make_task("y = torch.ones(3 << 28)\nreturn x + y.sum()")  # 3 GiB resident
+    with WorkerPool(1, sandbox_options(cache_dir, memory_guard="rss", max_memory_gb=1.5)) as pool:
+        [result] = pool.run_many([{"code": code, "config": FAST}])
+        assert result["reason"] == "out_of_memory", result
+        [after] = pool.run_many([{"code": BENIGN, "config": FAST}])
+        assert after["passed"], after
+
+
+def test_workers_have_no_network_and_write_only_in_their_scratch(pool, tmp_path):
+    assert pool.workers[0].run({"code": BENIGN, "config": FAST})["passed"]
+    assert pool.workers[0].info["network"] in ("netns", "userns+netns") or "unshare failed" in pool.workers[0].info["network"]
+    code = make_task("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\nreturn x")
+    [result] = pool.run_many([{"code": code, "config": FAST}])
+    assert result["reason"] == "eager_error"  # no route even to loopback inside the namespace
+    before = set(os.listdir(tmp_path))
+    assert set(os.listdir(tmp_path)) == before
+
+
+def test_validate_runs_the_static_check_before_any_code(pool):
+    hostile = Candidate("h", ("x",), "torch#1", make_task("import os\nos._exit(1)"), "template", 0)
+    benign = Candidate("b", ("x",), "torch#1", BENIGN, "template", 0)
+    verdicts = validate([hostile, benign], pool, FAST)
+    assert (verdicts[0].stage, verdicts[0].reason) == ("static", "forbidden_import")
+    assert verdicts[1].passed

@@ -1,0 +1,73 @@
+import pytest
+import torch
+import torch.nn as nn
+
+from operators.exclusions import exclusion_reason
+from operators.probe import probe
+from operators.records import OpSpec, SkippedOp
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("torch.nn.Dropout", "stochastic"),
+    ("torch.nn.functional.rrelu", "stochastic"),
+    ("torch.nn.functional.relu_", "in_place"),
+    ("torch.nn.MSELoss", "loss"),
+    ("torch.nn.functional.cross_entropy", "loss"),
+    ("torch.nn.Sequential", "container"),
+    ("torch.nn.LazyLinear", "lazy_module"),
+    ("torch.zeros_like", "creation_op"),
+    ("torch.nn.Identity", "no_computation"),
+    ("torch.nn.functional.embedding", "special_input"),
+    ("torch.nn.functional._pad", "private"),
+])
+def test_exclusion_rules(name, reason):
+    assert exclusion_reason(name) == reason
+
+
+def test_compute_ops_are_not_excluded():
+    for name in ("torch.nn.Conv2d", "torch.nn.functional.gelu", "torch.cumsum", "torch.nn.LayerNorm"):
+        assert exclusion_reason(name) is None
+
+
+def test_module_recipe_fills_shape_arguments_from_the_input():
+    spec = probe(nn.Linear, "torch.nn.Linear", "torch")
+    assert isinstance(spec, OpSpec)
+    assert spec.init_args == {"in_features": "$L", "out_features": "$L"}
+    assert "features" in spec.layouts and "features" in spec.keeps_rank
+    assert "class Model" in spec.seed_code and "nn.Linear(in_features=" in spec.seed_code
+
+
+def test_layout_follows_the_name_suffix():
+    spec = probe(nn.Conv2d, "torch.nn.Conv2d", "torch")
+    assert spec.layouts == ("image",) and spec.init_args["kernel_size"] == 3
+
+
+def test_builtin_without_signature_is_probed_with_call_patterns():
+    spec = probe(torch.cumsum, "torch.cumsum", "torch")
+    assert isinstance(spec, OpSpec) and spec.call_args == {"dim": -1}
+
+
+def test_reduction_to_lower_rank_runs_but_does_not_keep_rank():
+    spec = probe(torch.logsumexp, "torch.logsumexp", "torch")
+    assert spec.layouts and not spec.keeps_rank
+
+
+@pytest.mark.parametrize("obj, name, reason", [
+    (torch.sort, "torch.sort", "tuple_output"),
+    (torch.argmax, "torch.argmax", "non_float_output"),
+    (nn.Bilinear, "torch.nn.Bilinear", "unknown_required_arg"),
+    (nn.MultiheadAttention, "torch.nn.MultiheadAttention", "multiple_inputs"),
+    (torch.ravel, "torch.ravel", "view_only"),
+])
+def test_ops_that_cannot_be_tasks_are_listed_with_a_reason(obj, name, reason):
+    result = probe(obj, name, "torch")
+    assert isinstance(result, SkippedOp) and result.reason == reason
+
+
+def test_torch_crawl_covers_modules_functional_and_tensor_ops(torch_catalog):
+    specs, skipped = torch_catalog
+    names = {spec.name for spec in specs}
+    assert {"torch.nn.Conv2d", "torch.nn.functional.gelu", "torch.cumsum"} <= names
+    assert len(specs) >= 150
+    assert names.isdisjoint(s.name for s in skipped)
+    assert all(spec.seed_code for spec in specs)

@@ -1,0 +1,37 @@
+import pytest
+
+from pipeline.config import ConfigError, build_config
+
+
+def test_flags_override_the_config_file_which_overrides_defaults(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("num-samples: 20\nseed: 4\nwindow_ms: [2, 50]\n")
+    cfg = build_config(str(path), {"seed": 9, "out": None})
+    assert (cfg.num_samples, cfg.seed, cfg.window_ms, cfg.out) == (20, 9, [2, 50], "out")
+
+
+def test_shipped_recipe_by_name():
+    assert build_config("demo", {}).device == "cpu"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("num_sample: 3\n", "unknown config key"),
+    ("num_samples: lots\n", "num_samples must be a int"),
+    ("num_samples: 0\n", "at least 1"),
+    ("window_ms: [100, 1]\n", "window_ms"),
+    ("composer: magic\n", "composer must be one of"),
+    ("device: tpu\n", "device must be"),
+    ("op_count_mix: {7: 1.0}\n", "op_count_mix"),
+    ("- a list\n", "must hold a mapping"),
+    ("num_samples: [\n", "not valid YAML"),
+])
+def test_bad_config_is_a_clear_error(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        build_config(str(path), {})
+
+
+def test_missing_config_file_lists_the_recipes():
+    with pytest.raises(ConfigError, match="shipped recipes: demo"):
+        build_config("no-such-file.yaml", {})
