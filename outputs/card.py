@@ -18,6 +18,7 @@ REJECT_GLOSSARY = {
     "compile_error": "torch.compile fails", "compile_mismatch": "eager and compiled outputs disagree",
     "timeout": "ran past the wall-clock limit", "crashed": "killed its worker",
     "out_of_memory": "ran out of memory", "kernelbench_similar": "too close to a KernelBench task",
+    "near_duplicate": "too close to an earlier accepted sample",
 }
 
 
@@ -82,8 +83,11 @@ def _body(stats: dict) -> list[str]:
 
 def _decontamination(stats: dict) -> list[str]:
     if stats.get("decontaminated"):
-        return [f"Decontaminated against `{stats['reference']}`: no task has AST similarity above "
-                f"{stats['similarity_threshold']} to any reference task.", ""]
+        return [f"Decontaminated against `{stats['reference']}` (revision `{stats['reference_revision']}`): no "
+                f"task has AST similarity above {stats['similarity_threshold']} to any reference task, and no two "
+                f"tasks are more than {stats['dedupe_threshold']} similar to each other.", "",
+                *_table(["max similarity to the reference", "samples"],
+                        _histogram_rows(stats["kernelbench_similarity_histogram"])), ""]
     return ["> **Not decontaminated.** This run had no reference benchmark (`--reference`), so tasks "
             "were not checked against KernelBench. Do not train on it and evaluate on KernelBench.", ""]
 
@@ -97,13 +101,14 @@ def _provenance(stats: dict) -> list[tuple[str, str]]:
         ("composer", stats["composer"]), ("seed", str(stats["seed"])),
         ("timing window (ms)", f"{stats['window_ms'][0]}-{stats['window_ms'][1]}"),
         ("determinism tolerance", str(stats["determinism_tol"])),
-        ("reference set", stats.get("reference") or "none"),
+        ("reference set", f"{stats['reference']} @ {stats['reference_revision']}" if stats.get("reference") else "none"),
+        ("similarity thresholds", f"reference {stats['similarity_threshold']}, dedupe {stats['dedupe_threshold']}"),
         ("wall time (s)", f"{stats['wall_time_s']:.0f}"),
     ]
 
 
 def _histogram_rows(histogram: dict):
-    edges = histogram["edges_ms"]
+    edges = histogram["edges"]
     return [(f"{edges[i]}-{edges[i + 1]}", count) for i, count in enumerate(histogram["counts"]) if count]
 
 

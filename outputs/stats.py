@@ -6,9 +6,10 @@ from collections import Counter
 from operators.records import Candidate, Verdict
 
 # The order candidates meet the stages in; the funnel reports them in this order.
-STAGES = ("compose", "dedupe", "static", "sandbox", "execute", "timing", "determinism", "degenerate",
-          "compile", "decontaminate")
+STAGES = ("compose", "static", "sandbox", "execute", "timing", "determinism", "degenerate",
+          "compile", "decontaminate", "dedupe")
 HISTOGRAM_EDGES_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+SIMILARITY_EDGES = (0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0001)
 
 
 def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> dict:
@@ -23,6 +24,8 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
         "op_count_mix": _sorted_counts(len(c.ops) for c, _ in accepted),
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
+        "kernelbench_similarity_histogram": histogram(
+            [v.metrics.get("kernelbench_max_similarity") for _, v in accepted], SIMILARITY_EDGES),
         **run_info,
     }
 
@@ -37,13 +40,12 @@ def funnel(records: list[tuple[Candidate, Verdict]]) -> list[dict]:
     return rows
 
 
-def histogram(values: list[float | None]) -> dict:
-    edges = HISTOGRAM_EDGES_MS
+def histogram(values: list[float | None], edges: tuple = HISTOGRAM_EDGES_MS) -> dict:
     counts = [0] * (len(edges) - 1)
     for value in (v for v in values if v is not None):
         index = next((i for i in range(len(edges) - 1) if value < edges[i + 1]), len(counts) - 1)
         counts[index] += 1
-    return {"edges_ms": list(edges), "counts": counts}
+    return {"edges": list(edges), "counts": counts}
 
 
 def _sorted_counts(values) -> dict:

@@ -45,12 +45,22 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help="auto, cpu or cuda[:N] (default: auto)")
     run.add_argument("--seed", type=int, help="run seed: the same seed composes the same candidates")
     run.add_argument("--reference", help="KernelBench checkout, folder, Parquet file or Hub id to decontaminate against")
+    run.add_argument("--similarity-threshold", type=float, help="reject above this similarity to the reference (0.9)")
     run.add_argument("--library", dest="libraries", action="append", help="op library to draw from (repeatable)")
     run.add_argument("--workers", type=int, help="sandbox worker processes (0 = auto)")
     run.add_argument("--timeout-s", type=float, help="wall-clock limit per candidate (default: 300)")
     run.add_argument("--max-memory-gb", type=float, help="memory limit per sandbox worker (default: 8)")
     run.add_argument("--cache-dir", help="catalog and compiler cache (default: ~/.cache/opsynth)")
     run.set_defaults(handler=_run)
+
+    dedupe = commands.add_parser("dedupe", help="score tasks against a reference set and each other")
+    dedupe.add_argument("tasks", help="a folder of .py tasks or a Parquet file with a code column")
+    dedupe.add_argument("--against", required=True, help="KernelBench checkout, folder, Parquet file or Hub id")
+    dedupe.add_argument("--out", default="dedupe.parquet", help="result Parquet file (default: dedupe.parquet)")
+    dedupe.add_argument("--threshold", type=float, default=0.9, help="similarity to the reference that removes a task")
+    dedupe.add_argument("--dedupe-threshold", type=float, default=0.95, help="similarity between tasks that removes the later one")
+    dedupe.add_argument("--levels", default="1,2,3", help="KernelBench levels to use (default: 1,2,3)")
+    dedupe.set_defaults(handler=_dedupe)
 
     crawl = commands.add_parser("crawl", help="build the operator catalog")
     crawl.add_argument("--library", dest="libraries", action="append",
@@ -80,6 +90,24 @@ def _crawl(args, beam_args) -> int:
         raise ConfigError(str(error)) from None
     write_catalog(Path(args.out), specs, skipped)
     print(f"{args.out}: {len(specs)} runnable ops, {len(skipped)} skipped")
+    return 0
+
+
+def _dedupe(args, beam_args) -> int:
+    from filters.reference import ReferenceSetError
+    from outputs.dedupe_report import dedupe_report
+
+    try:
+        levels = tuple(int(level) for level in args.levels.split(","))
+    except ValueError:
+        raise ConfigError(f"--levels must be comma-separated numbers such as 1,2,3, not {args.levels!r}") from None
+    try:
+        rows = dedupe_report(args.tasks, args.against, levels, args.threshold, args.dedupe_threshold, Path(args.out))
+    except ReferenceSetError as error:
+        raise ConfigError(str(error)) from None
+    removed = sum(not row["kept"] for row in rows)
+    print(f"{args.out}: {len(rows)} tasks, {removed} removed "
+          f"({sum(row['max_similarity'] > args.threshold for row in rows)} similar to the reference)")
     return 0
 
 

@@ -35,6 +35,9 @@ class RunConfig:
     device: str = "auto"
     seed: int = 0
     reference: str | None = None
+    reference_levels: list = field(default_factory=lambda: [1, 2, 3])
+    similarity_threshold: float = 0.9
+    dedupe_threshold: float = 0.95
     libraries: list = field(default_factory=lambda: ["torch"])
     op_count_mix: dict = field(default_factory=lambda: dict(DEFAULT_OP_COUNT_MIX))
     window_ms: list = field(default_factory=lambda: [1.0, 100.0])
@@ -57,6 +60,8 @@ class RunConfig:
         _require(len(self.window_ms) == 2 and 0 < self.window_ms[0] < self.window_ms[1],
                  f"window_ms must be [low, high] with 0 < low < high, not {self.window_ms}")
         _require(self.timeout_s > 0 and self.max_memory_gb > 0, "timeout_s and max_memory_gb must be positive")
+        _require(0 < self.similarity_threshold <= 1 and 0 < self.dedupe_threshold <= 1,
+                 "similarity_threshold and dedupe_threshold must be in (0, 1]")
         _require(self.workers >= 0, "workers must be 0 (auto) or more")
         _require(bool(self.libraries), "libraries must name at least one op library, e.g. [torch]")
         mix = {int(k): float(v) for k, v in self.op_count_mix.items()}

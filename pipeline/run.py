@@ -17,19 +17,22 @@ import platform
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from filters.decontaminate import dedupe
+from filters.reference import ReferenceSet, ReferenceSetError, load_reference
 from filters.sandbox import SandboxOptions
+from filters.similarity import fingerprint
 from operators.catalog import cache_key, load_or_crawl
 from operators.records import record_from_json
 from outputs.dataset import write_dataset
 from pipeline.config import ConfigError, RunConfig
-from pipeline.transforms import ComposeCandidates, DropDuplicates, ValidateCandidates, WriteRecords
+from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
 
 log = logging.getLogger("opsynth")
 MIN_YIELD = 0.1
@@ -42,12 +45,13 @@ def run(cfg: RunConfig) -> dict:
     cache_dir = Path(cfg.cache_dir)
     _, catalog = load_or_crawl(cfg.libraries, cache_dir)
     log.info("catalog: %d runnable ops from %s", len(catalog), ", ".join(cfg.libraries))
-    if not cfg.reference:
+    reference = _load_reference(cfg)
+    if not reference:
         log.warning("NO REFERENCE BENCHMARK (--reference): tasks are NOT decontaminated against KernelBench; "
                     "the dataset card will say so")
     workers = cfg.workers or default_workers(device, gpus)
     staging = _staging_dir(out_dir, _fingerprint(cfg, device))
-    records = _read_rounds(staging)
+    records = drop_near_duplicates(_read_rounds(staging), cfg.dedupe_threshold)
     next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
     if records:
         log.info("resuming: %d candidates already decided in %s", len(records), staging)
@@ -63,15 +67,15 @@ def run(cfg: RunConfig) -> dict:
             break
         size = round_size(cfg.num_samples - accepted, accepted, len(records), workers, cfg.max_candidates - next_index)
         path = staging / f"round-{next_index:07d}-{next_index + size:07d}.jsonl"
-        _run_round(cfg, catalog, range(next_index, next_index + size), {c.id for c, _ in records},
+        _run_round(cfg, catalog, reference, range(next_index, next_index + size), {c.id for c, _ in records},
                    device, gpus, workers, cache_dir, out_dir, path)
         round_records = _read_jsonl(path)
-        records += round_records
+        records = drop_near_duplicates(records + round_records, cfg.dedupe_threshold)
         next_index += size
         _log_round(round_records, records, cfg.num_samples)
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
-    run_info = _run_info(cfg, device, stop_reason, time.monotonic() - started)
+    run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started)
     stats = write_dataset(out_dir, records, run_info)
     log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
     return stats
@@ -119,7 +123,7 @@ def prepare_out_dir(out: str) -> Path:
     return path
 
 
-def _run_round(cfg, catalog, indexes, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
+def _run_round(cfg, catalog, reference, indexes, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
     sandbox = SandboxOptions(
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
         threads=max(1, (os.cpu_count() or 1) // workers), log_path=str(out_dir / "workers.log"),
@@ -134,8 +138,36 @@ def _run_round(cfg, catalog, indexes, prior_ids, device, gpus, workers, cache_di
         candidates, compose_rejects = indexes_pc | "Compose" >> ComposeCandidates(catalog, cfg.op_count_mix, cfg.seed)
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None)
-        ((accepted, failed, compose_rejects, duplicates) | "AllRecords" >> beam.Flatten()
+        similar = pipeline | "NoReference" >> beam.Create([])
+        if reference:
+            accepted, similar = accepted | "Decontaminate" >> Decontaminate(reference.fingerprints,
+                                                                            cfg.similarity_threshold)
+        ((accepted, failed, compose_rejects, duplicates, similar) | "AllRecords" >> beam.Flatten()
          | "Write" >> WriteRecords(str(path)))
+
+
+def _load_reference(cfg: RunConfig) -> ReferenceSet | None:
+    if not cfg.reference:
+        return None
+    try:
+        reference = load_reference(cfg.reference, tuple(cfg.reference_levels))
+    except ReferenceSetError as error:
+        raise ConfigError(str(error)) from None
+    log.info("reference %s (%s): %d tasks", cfg.reference, reference.revision, len(reference.fingerprints))
+    return reference
+
+
+def drop_near_duplicates(records: list, threshold: float) -> list:
+    """Accepted samples that duplicate an earlier accepted one (by index) become rejects
+    naming what they duplicate. Stable: a sample's fate depends only on earlier ones."""
+    ordered = sorted(records, key=lambda r: r[0].provenance.get("index", 0))
+    accepted = [(c, v) for c, v in ordered if v.passed]
+    results = dedupe([fingerprint(v.code or c.code, c.id) for c, v in accepted], threshold)
+    verdicts = {c.id: (v if result.kept else replace(
+        v, stage="dedupe", passed=False, reason="near_duplicate",
+        detail=f"AST similarity {result.similarity:.3f} to accepted sample {result.duplicate_of}"))
+        for (c, v), result in zip(accepted, results)}
+    return [(c, verdicts.get(c.id, v) if v.passed else v) for c, v in ordered]
 
 
 def _beam_args(args: list[str]) -> list[str]:
@@ -157,7 +189,7 @@ def _staging_dir(out_dir: Path, fingerprint: str) -> Path:
 def _fingerprint(cfg: RunConfig, device: str) -> str:
     """What decides the records of a round: change any of it and old rounds no longer apply."""
     keys = ("composer", "seed", "libraries", "op_count_mix", "window_ms", "atol", "rtol", "determinism_tol",
-            "max_task_memory_gb")
+            "max_task_memory_gb", "reference", "reference_levels", "similarity_threshold")
     blob = {key: asdict(cfg)[key] for key in keys} | {"device": device, "catalog": cache_key(cfg.libraries)}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -181,11 +213,13 @@ def _log_round(round_records, records, target) -> None:
              len(round_records), sum(v.passed for _, v in round_records), accepted, target, len(records), summary)
 
 
-def _run_info(cfg: RunConfig, device: str, stop_reason: str, wall_time_s: float) -> dict:
+def _run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time_s: float) -> dict:
     return {
         "device": device, "composer": cfg.composer, "seed": cfg.seed, "window_ms": list(cfg.window_ms),
         "atol": cfg.atol, "rtol": cfg.rtol, "determinism_tol": cfg.determinism_tol,
-        "reference": cfg.reference, "decontaminated": False, "similarity_threshold": None,
+        "reference": cfg.reference, "reference_revision": reference.revision if reference else None,
+        "decontaminated": reference is not None, "similarity_threshold": cfg.similarity_threshold,
+        "dedupe_threshold": cfg.dedupe_threshold,
         "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": round(wall_time_s, 1),
         "libraries": list(cfg.libraries), "versions": versions(),
     }

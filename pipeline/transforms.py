@@ -6,10 +6,14 @@ output so that nothing is dropped: every index that enters leaves as exactly one
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from filters.decontaminate import SimilarityIndex
 from filters.sandbox import SandboxOptions, shared_pool
+from filters.similarity import fingerprint
 from filters.validate import validate
 from operators.records import Candidate, OpSpec, Verdict, record_to_json
 from pipeline.composers.template import CompositionFailed, TemplateComposer
@@ -135,3 +139,39 @@ class WriteRecords(beam.PTransform):
         return (records
                 | "ToJson" >> beam.MapTuple(record_to_json)
                 | "WriteJsonLines" >> beam.io.WriteToText(self.path, num_shards=1, shard_name_template=""))
+
+
+class Decontaminate(beam.PTransform):
+    """Accepted records -> those at most `threshold` similar to every reference task (with
+    the nearest one and its score kept as metrics) | rejects as `kernelbench_similar`."""
+
+    def __init__(self, reference: tuple, threshold: float):
+        super().__init__()
+        self.reference, self.threshold = reference, threshold
+
+    def expand(self, records):
+        outputs = records | "MatchReference" >> beam.ParDo(
+            _DecontaminateFn(self.reference, self.threshold)).with_outputs(REJECTED, main="clean")
+        return outputs.clean, outputs[REJECTED]
+
+
+class _DecontaminateFn(beam.DoFn):
+    def __init__(self, reference, threshold):
+        self.reference, self.threshold = reference, threshold
+
+    def setup(self):
+        self.index = SimilarityIndex(self.reference)
+
+    def process(self, record):
+        candidate, verdict = record
+        match = self.index.match(fingerprint(verdict.code or candidate.code, candidate.id), self.threshold)
+        metrics = {**verdict.metrics, "kernelbench_max_similarity": match.similarity,
+                   "kernelbench_nearest": match.nearest}
+        if match.similarity > self.threshold:
+            count("decontaminate", "kernelbench_similar")
+            yield beam.pvalue.TaggedOutput(REJECTED, (candidate, replace(
+                verdict, stage="decontaminate", passed=False, reason="kernelbench_similar", metrics=metrics,
+                detail=f"AST similarity {match.similarity:.3f} to {match.nearest} (> {self.threshold})")))
+            return
+        count("decontaminate", "passed")
+        yield candidate, replace(verdict, metrics=metrics)

@@ -1,15 +1,19 @@
 """`opsynth run` as a user runs it, then every accepted task checked again on its own."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import datasets
 import pyarrow.parquet as pq
 import pytest
 
 from filters.sandbox import WORKER_ENV
+from pipeline.composers.template import TemplateComposer
+from tests.disguise import disguise
 
 STANDALONE_CHECK = textwrap.dedent("""
     import statistics, sys, time, torch
@@ -33,11 +37,26 @@ STANDALONE_CHECK = textwrap.dedent("""
 """)
 
 
+COPIED = range(3)  # the reference holds disguised copies of these candidates of the run
+
+
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, cache_dir):
+def reference_dir(tmp_path_factory, torch_catalog):
+    """Our fixture benchmark plus disguised copies of the first candidates this run composes."""
+    folder = tmp_path_factory.mktemp("reference")
+    shutil.copytree(Path(__file__).parent / "fixtures" / "reference", folder, dirs_exist_ok=True)
+    composer = TemplateComposer(torch_catalog[0])
+    for index in COPIED:
+        (folder / "level2" / f"copy_{index}.py").write_text(disguise(composer.compose(index, 1).code))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, cache_dir, reference_dir):
     out = tmp_path_factory.mktemp("run")
     command = [sys.executable, "-m", "pipeline.cli", "run", "--num-samples", "2", "--max-candidates", "12",
-               "--out", str(out), "--cache-dir", str(cache_dir), "--workers", "2", "--seed", "1"]
+               "--out", str(out), "--cache-dir", str(cache_dir), "--workers", "2", "--seed", "1",
+               "--reference", str(reference_dir)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return out, command, result.stderr
@@ -45,7 +64,6 @@ def run_dir(tmp_path_factory, cache_dir):
 
 def test_run_writes_the_design_layout_and_loads_with_datasets(run_dir):
     out, _, log = run_dir
-    assert "NOT decontaminated" in log
     loaded = datasets.load_dataset("parquet", data_files=str(out / "data" / "*.parquet"), split="train")
     assert loaded.num_rows >= 2
     assert loaded.column_names[:3] == ["ops", "data_source", "code"]
@@ -56,6 +74,18 @@ def test_run_writes_the_design_layout_and_loads_with_datasets(run_dir):
     ids = list(loaded["id"]) + rejects.column("id").to_pylist()
     assert len(ids) == len(set(ids))
     assert (out / "README.md").read_text().startswith("---\n")
+
+
+def test_copies_of_reference_tasks_never_reach_the_dataset(run_dir):
+    out, _, _ = run_dir
+    index_of = lambda row: json.loads(row["provenance"])["index"]
+    accepted = {index_of(row) for row in pq.read_table(out / "data").to_pylist()}
+    similar = {index_of(row) for row in pq.read_table(out / "rejects").to_pylist()
+               if row["reason"] == "kernelbench_similar"}
+    assert accepted.isdisjoint(COPIED) and similar <= set(COPIED)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["decontaminated"] and stats["reference_revision"]
+    assert "Decontaminated against" in (out / "README.md").read_text()
 
 
 def test_every_accepted_task_holds_up_on_its_own(run_dir, tmp_path):

@@ -9,8 +9,8 @@ from outputs.schema import REJECT_SCHEMA, SAMPLE_SCHEMA
 from pipeline.run import versions
 
 RUN_INFO = {"device": "cpu", "composer": "template", "seed": 3, "window_ms": [1.0, 100.0], "atol": 0.01,
-            "rtol": 0.01, "determinism_tol": 1e-5, "reference": None, "decontaminated": False,
-            "similarity_threshold": None, "target_samples": 2, "stop_reason": "reached --num-samples",
+            "rtol": 0.01, "determinism_tol": 1e-5, "reference": None, "reference_revision": None,
+            "decontaminated": False, "similarity_threshold": 0.9, "dedupe_threshold": 0.95, "target_samples": 2, "stop_reason": "reached --num-samples",
             "wall_time_s": 1.0, "libraries": ["torch"], "versions": versions()}
 
 

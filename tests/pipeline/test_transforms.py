@@ -30,3 +30,28 @@ def test_compose_turns_every_index_into_exactly_one_candidate(torch_catalog):
         assert_that(candidates | beam.Map(lambda c: (c.provenance["index"], len(c.ops))),
                     equal_to([(i, 2) for i in range(6)]), label="composed")
         assert_that(rejected, equal_to([]), label="none rejected")
+
+
+def test_decontaminate_rejects_a_disguised_copy_and_keeps_the_score_on_the_rest():
+    from pathlib import Path
+
+    from filters.reference import load_reference
+    from operators.records import Verdict
+    from pipeline.transforms import Decontaminate
+    from tests.disguise import disguise
+
+    reference_dir = Path(__file__).parents[1] / "fixtures" / "reference"
+    reference = load_reference(str(reference_dir)).fingerprints
+    copy = Candidate("copy", ("torch.cumsum",), "torch#1", disguise((reference_dir / "level1" / "2_row_cumsum.py")
+                                                                    .read_text()), "template", 0, {"index": 0})
+    other = Candidate("other", ("torch.sort",), "torch#1",
+                      "import torch\nclass Model:\n    def forward(self, x):\n        return x.sort()[0]\n",
+                      "template", 0, {"index": 1})
+    records = [(c, Verdict(c.id, "accepted", True, metrics={"eager_ms": 2.0})) for c in (copy, other)]
+    with TestPipeline() as p:
+        clean, similar = p | beam.Create(records) | Decontaminate(reference, 0.9)
+        assert_that(similar | "Why" >> beam.MapTuple(lambda c, v: (c.id, v.stage, v.reason, v.metrics["kernelbench_nearest"])),
+                    equal_to([("copy", "decontaminate", "kernelbench_similar", "level1/2_row_cumsum.py")]), label="similar")
+        assert_that(clean | "Kept" >> beam.MapTuple(lambda c, v: (c.id, v.passed, v.metrics["eager_ms"],
+                                                                 v.metrics["kernelbench_max_similarity"] < 0.9)),
+                    equal_to([("other", True, 2.0, True)]), label="clean")

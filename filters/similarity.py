@@ -1,0 +1,162 @@
+"""The pinned AST similarity used for decontamination and dedupe (README, "Similarity").
+
+A task becomes a *fingerprint*:
+- `tokens`: a pre-order walk of its AST with docstrings dropped, every local name and
+  user-defined attribute renamed in order of first use (v0, v1, ...), numbers and strings
+  abstracted (NUM, STR), and API names kept (nn.Conv2d, torch.relu, x.sum);
+- `ops`: the multiset of operators the Model calls, each named by its lower-cased leaf
+  (nn.ReLU, F.relu, torch.relu and x.relu() are all `relu`).
+
+score(a, b) = min(structure, ops), with structure the normalized Indel similarity of the
+token sequences (1 - insertions and deletions / total length, as difflib's ratio) and ops
+the multiset Jaccard of the op multisets. Boilerplate (imports, get_inputs, __init__
+plumbing) makes most tasks structurally alike; capping by op overlap keeps two tasks with
+different op chains apart, however alike their boilerplate. The score is symmetric and 1.0
+for a task against itself.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+from rapidfuzz.distance import Indel
+
+API_ROOTS = {"torch", "nn", "F", "math"}
+NOT_OPS = {"super", "__init__", "Module", "size", "shape", "dim", "numel", "contiguous", "float", "to",
+           "rand", "randn", "randint", "Parameter", "ModuleList", "Sequential", "range", "len", "list", "tuple"}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    name: str
+    tokens: str  # one character per token, for rapidfuzz's fast string kernels
+    ops: tuple[tuple[str, int], ...]
+    digest: str  # hash of the canonical tokens: equal digests are exact duplicates
+
+    @property
+    def op_count(self) -> int:
+        return sum(n for _, n in self.ops)
+
+
+class _Vocabulary:
+    """Maps tokens to single characters; shared by every fingerprint it builds."""
+
+    def __init__(self):
+        self.codes: dict[str, str] = {}
+
+    def encode(self, tokens: list[str]) -> str:
+        return "".join(self.codes.setdefault(t, chr(0x100 + len(self.codes))) for t in tokens)
+
+
+VOCABULARY = _Vocabulary()
+
+
+def fingerprint(code: str, name: str = "") -> Fingerprint:
+    tree = ast.parse(code)
+    _drop_docstrings(tree)
+    tokens = _Canonicalizer(_user_attributes(tree)).walk(tree)
+    ops = tuple(sorted(_model_ops(tree).items()))
+    return Fingerprint(name, VOCABULARY.encode(tokens), ops,
+                       hashlib.sha256("\x00".join(tokens).encode()).hexdigest()[:16])
+
+
+def score(a: Fingerprint, b: Fingerprint) -> float:
+    return min(structure_similarity(a, b), op_similarity(a, b))
+
+
+def structure_similarity(a: Fingerprint, b: Fingerprint) -> float:
+    return Indel.normalized_similarity(a.tokens, b.tokens)
+
+
+def op_similarity(a: Fingerprint, b: Fingerprint) -> float:
+    if not a.ops and not b.ops:
+        return 1.0
+    ca, cb = Counter(dict(a.ops)), Counter(dict(b.ops))
+    return sum((ca & cb).values()) / sum((ca | cb).values())
+
+
+def _drop_docstrings(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+
+
+def _user_attributes(tree: ast.AST) -> set[str]:
+    """Attribute names the task itself assigns (self.conv = ...): these are renamed."""
+    return {target.attr for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Attribute)}
+
+
+class _Canonicalizer:
+    def __init__(self, user_attributes: set[str]):
+        self.user_attributes = user_attributes
+        self.names: dict[str, str] = {}
+
+    def walk(self, node: ast.AST) -> list[str]:
+        tokens: list[str] = []
+        self._visit(node, tokens)
+        return tokens
+
+    def _visit(self, node: ast.AST, tokens: list[str]) -> None:
+        api = _api_name(node)
+        if api:
+            tokens.append(api)
+            return
+        tokens.append(type(node).__name__)
+        if isinstance(node, ast.Name):
+            tokens.append(self._rename(node.id))
+        elif isinstance(node, ast.arg):
+            tokens.append(self._rename(node.arg))
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            tokens.append(node.name if node.name in ("Model", "forward", "__init__", "get_inputs", "get_init_inputs")
+                          else self._rename(node.name))
+        elif isinstance(node, ast.Attribute):
+            tokens.append(self._rename(node.attr) if node.attr in self.user_attributes else "." + node.attr)
+        elif isinstance(node, ast.Constant):
+            tokens.append("NUM" if isinstance(node.value, (int, float, complex)) and not isinstance(node.value, bool)
+                          else "STR" if isinstance(node.value, str) else repr(node.value))
+        elif isinstance(node, ast.alias):
+            tokens.append(node.name)
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.Load, ast.Store, ast.Del)):
+                self._visit(child, tokens)
+
+    def _rename(self, name: str) -> str:
+        if name in API_ROOTS or name == "self":
+            return name
+        return self.names.setdefault(name, f"v{len(self.names)}")
+
+
+def _api_name(node: ast.AST) -> str | None:
+    """`nn.Conv2d`, `torch.nn.functional.gelu`, ... as one token, aliases unified."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not parts or not isinstance(node, ast.Name) or node.id not in API_ROOTS:
+        return None
+    dotted = ".".join([node.id, *reversed(parts)])
+    return dotted.replace("torch.nn.functional.", "F.").replace("nn.functional.", "F.").replace("torch.nn.", "nn.")
+
+
+def _model_ops(tree: ast.Module) -> Counter:
+    ops: Counter = Counter()
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Call):
+                leaf = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                if leaf and leaf not in NOT_OPS and not _is_user_call(node.func):
+                    ops[leaf.lower().rstrip("_")] += 1
+            elif isinstance(node, ast.BinOp):
+                ops[type(node.op).__name__.lower()] += 1
+    return ops
+
+
+def _is_user_call(func: ast.AST) -> bool:
+    """self.conv(x) calls a submodule the task built: its op is counted where it was built."""
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"

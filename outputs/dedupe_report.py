@@ -1,0 +1,38 @@
+"""`opsynth dedupe`: one row per task with its nearest reference task and duplicate."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from filters.decontaminate import SimilarityIndex, decontaminate, dedupe
+from filters.reference import ReferenceSetError, load_reference, read_tasks
+from filters.similarity import fingerprint
+
+REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
+                           ("duplicate_of", pa.string()), ("kept", pa.bool_())])
+
+
+def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
+                  out: Path) -> list[dict]:
+    named = read_tasks(tasks)
+    if not named:
+        raise ReferenceSetError(f"{tasks} holds no tasks")
+    reference = load_reference(against, levels)
+    fingerprints, unparsable = [], []
+    for name, code in named:
+        try:
+            fingerprints.append(fingerprint(code, name))
+        except SyntaxError:
+            unparsable.append(name)
+    matches = decontaminate(fingerprints, SimilarityIndex(reference.fingerprints), threshold)
+    duplicates = dedupe(fingerprints, dedupe_threshold)
+    rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,
+             "duplicate_of": dup.duplicate_of, "kept": dup.kept and match.similarity <= threshold}
+            for fp, match, dup in zip(fingerprints, matches, duplicates)]
+    rows += [{"source": name, "max_similarity": None, "nearest": None, "duplicate_of": None, "kept": False}
+             for name in unparsable]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=REPORT_SCHEMA), out, compression="zstd")
+    return rows

@@ -1,0 +1,90 @@
+import itertools
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from filters.decontaminate import SimilarityIndex, dedupe
+from filters.reference import ReferenceSetError, load_reference
+from filters.similarity import fingerprint, score
+from pipeline.composers.template import TemplateComposer
+from pipeline.cli import main
+from tests.disguise import disguise
+
+REFERENCE = Path(__file__).parents[1] / "fixtures" / "reference"
+
+
+@pytest.fixture(scope="module")
+def generated(torch_catalog):
+    composer = TemplateComposer(torch_catalog[0])
+    return [fingerprint(composer.compose(i, 3).code, f"gen{i}") for i in range(300)]
+
+
+def test_screening_never_misses_a_pair_the_exact_score_flags(generated):
+    reference = load_reference(str(REFERENCE)).fingerprints
+    sample = generated + [fingerprint(disguise(code), f"copy{i}") for i, code in enumerate(
+        p.read_text() for p in sorted(REFERENCE.rglob("*.py")))]
+    index = SimilarityIndex(list(reference) + generated[:150])
+    everything = list(reference) + generated[:150]
+    for threshold in (0.5, 0.8, 0.9):
+        exact = {(a.name, b.name) for a, b in itertools.product(sample, everything) if score(a, b) > threshold}
+        screened = {(a.name, b.name) for a in sample for b in index.survivors(a, threshold) if score(a, b) > threshold}
+        assert exact == screened and exact
+
+
+def test_match_reports_the_nearest_reference_task():
+    index = SimilarityIndex(load_reference(str(REFERENCE)).fingerprints)
+    copy = fingerprint(disguise((REFERENCE / "level1" / "2_row_cumsum.py").read_text()))
+    match = index.match(copy, 0.9)
+    assert match.nearest == "level1/2_row_cumsum.py" and match.similarity > 0.9
+    unrelated = index.match(fingerprint("import torch\nclass Model:\n    def forward(self, x):\n        return x.sort()\n"), 0.9)
+    assert unrelated.similarity < 0.5
+
+
+def test_dedupe_keeps_the_first_and_names_what_each_removal_duplicated():
+    codes = [p.read_text() for p in sorted(REFERENCE.rglob("*.py"))]
+    fps = [fingerprint(code, f"t{i}") for i, code in enumerate(codes)]
+    fps.append(fingerprint(codes[0], "exact-copy"))
+    fps.append(fingerprint(disguise(codes[1]), "near-copy"))
+    results = {r.name: r for r in dedupe(fps, 0.95)}
+    assert results["t0"].kept and results["t1"].kept
+    assert (results["exact-copy"].duplicate_of, results["exact-copy"].similarity) == ("t0", 1.0)
+    assert not results["near-copy"].kept and results["near-copy"].duplicate_of == "t1"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "missing", "no such file or folder"),
+    (lambda tmp: tmp, "holds no tasks"),
+])
+def test_a_wrong_or_empty_reference_is_a_clear_error(tmp_path, make, message):
+    with pytest.raises(ReferenceSetError, match=message):
+        load_reference(str(make(tmp_path)))
+
+
+def test_kernelbench_layout_levels_and_parquet_references(tmp_path):
+    checkout = tmp_path / "KernelBench-checkout"
+    (checkout / "KernelBench").mkdir(parents=True)
+    for level in ("level1", "level2"):
+        (checkout / "KernelBench" / level).symlink_to(REFERENCE / level)
+    assert {fp.name.split("/")[0] for fp in load_reference(str(checkout), (2,)).fingerprints} == {"level2"}
+    import pyarrow as pa
+    pq.write_table(pa.table({"name": ["a"], "code": [(REFERENCE / "level1" / "1_scaled_tanh.py").read_text()]}),
+                   tmp_path / "ref.parquet")
+    assert [fp.name for fp in load_reference(str(tmp_path / "ref.parquet")).fingerprints] == ["a"]
+    pq.write_table(pa.table({"text": ["x"]}), tmp_path / "bad.parquet")
+    with pytest.raises(ReferenceSetError, match="no `code` column"):
+        load_reference(str(tmp_path / "bad.parquet"))
+
+
+def test_dedupe_command_flags_disguised_copies_and_not_unrelated_tasks(tmp_path, capsys):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "copy.py").write_text(disguise((REFERENCE / "level2" / "4_Conv2d_ReLU_AvgPool.py").read_text()))
+    (tasks / "other.py").write_text("import torch\nclass Model:\n    def forward(self, x):\n        return x.sort()\n")
+    assert main(["dedupe", str(tasks), "--against", str(REFERENCE), "--out", str(tmp_path / "d.parquet")]) == 0
+    rows = {r["source"]: r for r in pq.read_table(tmp_path / "d.parquet").to_pylist()}
+    assert not rows["copy.py"]["kept"] and rows["copy.py"]["nearest"] == "level2/4_Conv2d_ReLU_AvgPool.py"
+    assert rows["other.py"]["kept"] and rows["other.py"]["max_similarity"] < 0.5
+    assert main(["dedupe", str(tasks), "--against", str(tmp_path / "nope"), "--out", str(tmp_path / "e.parquet")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
