@@ -1,15 +1,14 @@
 """Decontamination against a reference benchmark, and dedupe inside a generated set.
 
 The reference is indexed once. A pair can only score above the threshold if its op
-overlap does (score = min(structure, ops)), and op overlap is bounded by the op counts:
-Jaccard <= min(n, m) / max(n, m). Token length bounds the structure term the same way:
-Indel similarity <= 2 min(la, lb) / (la + lb). Pairs that fail either bound are never
-scored; the rest are scored exactly. Both bounds are exact, so screening never misses a
+overlap does (score = min(structure, ops)); op overlap is a cheap multiset Jaccard found
+through an inverted index from op name to groups of reference tasks with the same op
+multiset. Token length bounds the structure term: Indel similarity <= 2 min(la, lb) /
+(la + lb). Pairs that fail either bound are never scored; the rest are scored exactly. Both bounds are exact, so screening never misses a
 pair the exact score would flag (tests/filters/test_decontaminate.py checks it on a sample).
 """
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -34,33 +33,29 @@ class DedupeResult:
 
 
 class SimilarityIndex:
+    """Reference fingerprints grouped by op multiset, with an inverted index from op name to
+    groups: a group that shares no op with a task has op overlap 0, so it scores 0 exactly."""
+
     def __init__(self, fingerprints: list[Fingerprint] = ()):
         self.groups: dict[tuple, list[Fingerprint]] = defaultdict(list)
-        self.sizes: list[tuple[int, tuple]] = []  # (op count, op key), sorted
+        self.by_op: dict[str, set[tuple]] = defaultdict(set)
         for fp in fingerprints:
             self.add(fp)
 
     def add(self, fp: Fingerprint) -> None:
-        if fp.ops not in self.groups:
-            bisect.insort(self.sizes, (fp.op_count, fp.ops))
         self.groups[fp.ops].append(fp)
+        for op, _ in fp.ops:
+            self.by_op[op].add(fp.ops)
 
     def __len__(self) -> int:
         return sum(len(g) for g in self.groups.values())
 
     def survivors(self, fp: Fingerprint, threshold: float):
         """Every indexed fingerprint whose bounds allow a score above `threshold`."""
-        n = fp.op_count
-        low = bisect.bisect_left(self.sizes, (int(n * threshold), ()))
-        for count, key in self.sizes[low:]:
-            if n and count * threshold > n:
-                break
-            group = self.groups[key]
-            if min(n, count) <= threshold * max(n, count) and (n or count):
+        for key, overlap in self._overlaps(fp):
+            if overlap <= threshold:
                 continue
-            if op_similarity(fp, group[0]) <= threshold:
-                continue
-            for other in group:
+            for other in self.groups[key]:
                 la, lb = len(fp.tokens), len(other.tokens)
                 if 2 * min(la, lb) > threshold * (la + lb):
                     yield other
@@ -69,14 +64,26 @@ class SimilarityIndex:
         best = max(((score(fp, other), other.name) for other in self.survivors(fp, threshold)), default=None)
         if best:
             return Match(*best)
-        return self._closest_by_ops(fp)
-
-    def _closest_by_ops(self, fp: Fingerprint) -> Match:
-        if not self.groups:
+        overlaps = list(self._overlaps(fp))
+        if not overlaps:
             return Match(0.0, None)
-        key = max(self.groups, key=lambda k: op_similarity(fp, self.groups[k][0]))
+        key, _ = max(overlaps, key=lambda pair: pair[1])
         other = min(self.groups[key], key=lambda o: abs(len(o.tokens) - len(fp.tokens)))
         return Match(score(fp, other), other.name)
+
+    def _overlaps(self, fp: Fingerprint):
+        """(group key, op multiset Jaccard) for every group sharing an op with `fp`."""
+        if not fp.ops:
+            if () in self.groups:
+                yield (), 1.0
+            return
+        keys = set().union(*(self.by_op.get(op, ()) for op, _ in fp.ops))
+        mine = dict(fp.ops)
+        size = sum(mine.values())
+        for key in keys:
+            theirs = dict(key)
+            shared = sum(min(n, theirs.get(op, 0)) for op, n in mine.items())
+            yield key, shared / (size + sum(theirs.values()) - shared)
 
 
 def decontaminate(fingerprints: list[Fingerprint], reference: SimilarityIndex, threshold: float) -> list[Match]:

@@ -2,10 +2,14 @@
 
 A task becomes a *fingerprint*:
 - `tokens`: a pre-order walk of its AST with docstrings dropped, every local name and
-  user-defined attribute renamed in order of first use (v0, v1, ...), numbers and strings
-  abstracted (NUM, STR), and API names kept (nn.Conv2d, torch.relu, x.sum);
-- `ops`: the multiset of operators the Model calls, each named by its lower-cased leaf
-  (nn.ReLU, F.relu, torch.relu and x.relu() are all `relu`).
+  user-defined attribute replaced by its role (NAME, ATTR, DEF), numbers and strings
+  abstracted (NUM, STR), and API, builtin and tensor-method names kept (nn.Conv2d,
+  torch.relu, .sum, len). Roles rather than numbered names: numbering by first use lets
+  one reordered definition shift every later name and sink the score of a plain copy;
+- `ops`: the multiset of operators the task calls outside get_inputs / get_init_inputs:
+  torch, nn and F API calls and torch.Tensor methods, each named by its lower-cased leaf
+  (nn.ReLU, F.relu, torch.relu and x.relu() are all `relu`), and arithmetic operators.
+  Calls of the task's own helpers and of Python builtins are structure, not ops.
 
 score(a, b) = min(structure, ops), with structure the normalized Indel similarity of the
 token sequences (1 - insertions and deletions / total length, as difflib's ratio) and ops
@@ -17,15 +21,20 @@ for a task against itself.
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
+import torch
 from rapidfuzz.distance import Indel
 
 API_ROOTS = {"torch", "nn", "F", "math"}
-NOT_OPS = {"super", "__init__", "Module", "size", "shape", "dim", "numel", "contiguous", "float", "to",
-           "rand", "randn", "randint", "Parameter", "ModuleList", "Sequential", "range", "len", "list", "tuple"}
+BUILTIN_NAMES = set(dir(builtins))
+TENSOR_METHODS = {name for name in dir(torch.Tensor) if not name.startswith("_")}
+INPUT_BUILDERS = {"get_inputs", "get_init_inputs"}
+NOT_OPS = {"Module", "size", "dim", "numel", "contiguous", "float", "to", "Parameter", "ModuleList", "ModuleDict",
+           "Sequential", "register_buffer", "item", "tolist"}
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,6 @@ def _user_attributes(tree: ast.AST) -> set[str]:
 class _Canonicalizer:
     def __init__(self, user_attributes: set[str]):
         self.user_attributes = user_attributes
-        self.names: dict[str, str] = {}
 
     def walk(self, node: ast.AST) -> list[str]:
         tokens: list[str] = []
@@ -109,14 +117,13 @@ class _Canonicalizer:
             return
         tokens.append(type(node).__name__)
         if isinstance(node, ast.Name):
-            tokens.append(self._rename(node.id))
+            tokens.append(_role(node.id, "NAME"))
         elif isinstance(node, ast.arg):
-            tokens.append(self._rename(node.arg))
+            tokens.append(_role(node.arg, "NAME"))
         elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            tokens.append(node.name if node.name in ("Model", "forward", "__init__", "get_inputs", "get_init_inputs")
-                          else self._rename(node.name))
+            tokens.append(node.name if node.name in ("Model", "forward", "__init__", *INPUT_BUILDERS) else "DEF")
         elif isinstance(node, ast.Attribute):
-            tokens.append(self._rename(node.attr) if node.attr in self.user_attributes else "." + node.attr)
+            tokens.append("ATTR" if node.attr in self.user_attributes else "." + node.attr)
         elif isinstance(node, ast.Constant):
             tokens.append("NUM" if isinstance(node.value, (int, float, complex)) and not isinstance(node.value, bool)
                           else "STR" if isinstance(node.value, str) else repr(node.value))
@@ -126,10 +133,10 @@ class _Canonicalizer:
             if not isinstance(child, (ast.Load, ast.Store, ast.Del)):
                 self._visit(child, tokens)
 
-    def _rename(self, name: str) -> str:
-        if name in API_ROOTS or name == "self":
-            return name
-        return self.names.setdefault(name, f"v{len(self.names)}")
+
+
+def _role(name: str, role: str) -> str:
+    return name if name in API_ROOTS or name in BUILTIN_NAMES or name == "self" else role
 
 
 def _api_name(node: ast.AST) -> str | None:
@@ -146,15 +153,25 @@ def _api_name(node: ast.AST) -> str | None:
 
 def _model_ops(tree: ast.Module) -> Counter:
     ops: Counter = Counter()
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        for node in ast.walk(cls):
-            if isinstance(node, ast.Call):
-                leaf = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-                if leaf and leaf not in NOT_OPS and not _is_user_call(node.func):
-                    ops[leaf.lower().rstrip("_")] += 1
+    for definition in tree.body:
+        if getattr(definition, "name", None) in INPUT_BUILDERS:
+            continue
+        for node in ast.walk(definition):
+            if isinstance(node, ast.Call) and (leaf := _op_name(node.func)):
+                ops[leaf.lower().rstrip("_")] += 1
             elif isinstance(node, ast.BinOp):
                 ops[type(node.op).__name__.lower()] += 1
     return ops
+
+
+def _op_name(func: ast.AST) -> str | None:
+    """torch.relu, nn.Conv2d, F.gelu -> their leaf; x.view(...) -> view; anything else
+    (self.conv(x), a helper, a builtin) is not an op."""
+    if not isinstance(func, ast.Attribute) or func.attr in NOT_OPS or _is_user_call(func):
+        return None
+    if _api_name(func):
+        return func.attr
+    return func.attr if func.attr in TENSOR_METHODS else None
 
 
 def _is_user_call(func: ast.AST) -> bool:

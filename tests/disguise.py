@@ -1,8 +1,9 @@
 """Make a disguised copy of a task: what a contaminated generator would emit."""
 import ast
+import builtins
 
-KEEP = {"torch", "nn", "F", "self", "super", "Model", "forward", "__init__", "get_inputs", "get_init_inputs",
-        "range", "len"}
+KEEP = {"torch", "nn", "F", "math", "self", "Model", "forward", "__init__", "get_inputs", "get_init_inputs",
+        *dir(builtins)}
 
 
 class _Disguise(ast.NodeTransformer):
@@ -44,6 +45,9 @@ def disguise(code: str) -> str:
     """Rename every local name and attribute, change every number, drop docstrings and
     reformat (ast.unparse puts every statement in its canonical layout)."""
     tree = ast.parse(code)
+    imported = {alias.asname or alias.name.split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for alias in n.names}
     attributes = {t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
                   if isinstance(t, ast.Attribute)}
+    KEEP.update(imported)
     return ast.unparse(_Disguise(attributes).visit(tree))
