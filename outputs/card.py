@@ -1,7 +1,10 @@
 """The dataset card (README.md): YAML metadata the Hub reads, then the story for people."""
 from __future__ import annotations
 
+import pyarrow as pa
 import yaml
+
+from outputs.schema import SAMPLE_SCHEMA
 
 REJECT_GLOSSARY = {
     "compose_failed": "no chain of the drawn length fitted together",
@@ -22,8 +25,9 @@ REJECT_GLOSSARY = {
 }
 
 
-def render_card(stats: dict) -> str:
-    return f"---\n{yaml.safe_dump(_metadata(stats), sort_keys=False)}---\n\n" + "\n".join(_body(stats)) + "\n"
+def render_card(stats: dict, plots: dict[str, str] | None = None) -> str:
+    body = _body(stats, plots or {})
+    return f"---\n{yaml.safe_dump(_metadata(stats), sort_keys=False)}---\n\n" + "\n".join(body) + "\n"
 
 
 def _metadata(stats: dict) -> dict:
@@ -36,10 +40,22 @@ def _metadata(stats: dict) -> dict:
         "task_categories": ["text-generation"],
         "configs": [{"config_name": "default",
                      "data_files": [{"split": "train", "path": "data/train-*.parquet"}]}],
+        "dataset_info": {"features": [_feature(field) for field in SAMPLE_SCHEMA],
+                         "splits": [{"name": "train", "num_examples": accepted}]},
     }
 
 
-def _body(stats: dict) -> list[str]:
+def _feature(field) -> dict:
+    if pa.types.is_list(field.type):
+        return {"name": field.name, "sequence": str(field.type.value_type)}
+    return {"name": field.name, "dtype": {"double": "float64", "bool": "bool"}.get(str(field.type), str(field.type))}
+
+
+def _plot(plots: dict[str, str], name: str) -> list[str]:
+    return [f"![{name}]({plots[name]})", ""] if name in plots else []
+
+
+def _body(stats: dict, plots: dict[str, str]) -> list[str]:
     low, high = stats["window_ms"]
     lines = [
         "# opsynth kernel tasks",
@@ -58,14 +74,22 @@ def _body(stats: dict) -> list[str]:
         f"{stats['accepted']} accepted of {stats['composed']} composed ({stats['rejected']} rejected); "
         f"the run stopped because it {stats['stop_reason']}.",
         "",
+        "How it was made: operators crawled from " + ", ".join(stats.get("libraries", ["torch"]))
+        + f" were fused by the `{stats['composer']}` composer; every candidate was validated in a sandboxed "
+        "worker process (static check, eager, determinism, input dependence, timing window with re-sizing, "
+        "`torch.compile` agreement), then matched against the reference benchmark and deduplicated.",
+        "",
         *_table(["ops", "samples"], stats["op_count_mix"].items()),
         "",
+        *_plot(plots, "op_count_mix"),
         *_table(["library", "samples"], stats["library_mix"].items()),
         "",
+        *_plot(plots, "library_mix"),
         "## Eager time",
         "",
         *_table(["eager ms", "samples"], _histogram_rows(stats["eager_ms_histogram"])),
         "",
+        *_plot(plots, "eager_ms"),
         "## Reject funnel",
         "",
         *_table(["stage", "entered", "rejected"],
@@ -74,6 +98,7 @@ def _body(stats: dict) -> list[str]:
         *_table(["reason", "rejected", "meaning"],
                 [(r, n, REJECT_GLOSSARY.get(r, "")) for r, n in stats["rejected_by_reason"].items()]),
         "",
+        *_plot(plots, "funnel"),
         "## Provenance",
         "",
         *_table(["what", "value"], _provenance(stats)),

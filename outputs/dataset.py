@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 
 from operators.records import Candidate, Verdict
 from outputs.card import render_card
+from outputs.plots import make_plots
 from outputs.schema import REJECT_SCHEMA, ROW_GROUP_SIZE, ROWS_PER_SHARD, SAMPLE_SCHEMA
 from outputs.stats import compute_stats
 
@@ -24,8 +25,9 @@ def write_dataset(out_dir: Path, records: list[Record], run_info: dict) -> dict:
     write_shards(out_dir / "data", "train", accepted, SAMPLE_SCHEMA)
     write_shards(out_dir / "rejects", "rejects", rejected, REJECT_SCHEMA)
     stats = compute_stats(records, run_info)
+    plots = make_plots(stats, out_dir / "plots")
     _write_text(out_dir / "stats.json", json.dumps(stats, indent=2, sort_keys=True) + "\n")
-    _write_text(out_dir / "README.md", render_card(stats))
+    _write_text(out_dir / "README.md", render_card(stats, plots))
     return stats
 
 

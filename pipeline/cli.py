@@ -62,6 +62,17 @@ def _parser() -> argparse.ArgumentParser:
     dedupe.add_argument("--levels", default="1,2,3", help="KernelBench levels to use (default: 1,2,3)")
     dedupe.set_defaults(handler=_dedupe)
 
+    publish = commands.add_parser("publish", help="publish a finished output folder as a named version")
+    publish.add_argument("dir", help="a finished output folder")
+    publish.add_argument("--to", required=True, help="a local path (a git repository) or hf://datasets/ORG/NAME")
+    publish.add_argument("--version", required=True, help="the version name, used as the tag (e.g. v1.0.0)")
+    publish.add_argument("--private", action="store_true", help="create a missing Hub repository as private")
+    publish.add_argument("--allow-undecontaminated", action="store_true",
+                         help="publish a dataset that was not checked against a reference benchmark")
+    publish.add_argument("--dry-run", action="store_true", help="show what would change and publish nothing")
+    publish.add_argument("--message", help="commit message (default: opsynth dataset VERSION)")
+    publish.set_defaults(handler=_publish)
+
     crawl = commands.add_parser("crawl", help="build the operator catalog")
     crawl.add_argument("--library", dest="libraries", action="append",
                        help="torch, or any importable module such as torchvision.ops (repeatable; default: torch)")
@@ -90,6 +101,21 @@ def _crawl(args, beam_args) -> int:
         raise ConfigError(str(error)) from None
     write_catalog(Path(args.out), specs, skipped)
     print(f"{args.out}: {len(specs)} runnable ops, {len(skipped)} skipped")
+    return 0
+
+
+def _publish(args, beam_args) -> int:
+    from outputs.publish import PublishError, publish
+
+    try:
+        change, commit = publish(Path(args.dir), args.to, args.version, private=args.private,
+                                 allow_undecontaminated=args.allow_undecontaminated, dry_run=args.dry_run,
+                                 message=args.message)
+    except PublishError as error:
+        raise ConfigError(str(error)) from None
+    print(change.describe())
+    print(f"dry run: nothing published to {args.to}" if commit is None
+          else f"published {args.version} to {args.to} (commit {commit[:12]})")
     return 0
 
 

@@ -107,3 +107,13 @@ def test_the_same_command_again_resumes_without_new_work(run_dir):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming" in again.stderr
     assert sorted(p.name for p in (out / ".staging").glob("round-*")) == before
+
+
+def test_the_finished_run_publishes_as_a_version_that_loads_back(run_dir, tmp_path):
+    from pipeline.cli import main
+
+    out, _, _ = run_dir
+    assert main(["publish", str(out), "--to", str(tmp_path / "repo"), "--version", "v1.0.0"]) == 0
+    loaded = datasets.load_dataset(str(tmp_path / "repo"), split="train")
+    assert sorted(loaded["id"]) == sorted(pq.read_table(out / "data").column("id").to_pylist())
+    assert main(["publish", str(out), "--to", str(tmp_path / "repo"), "--version", "v1.0.0"]) == 2

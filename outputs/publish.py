@@ -1,0 +1,209 @@
+"""`opsynth publish`: a finished output folder becomes a named, never-overwritten version
+at a destination: a local git repository laid out like the Hub repository, or a Hub
+dataset repository (outputs/hub.py). Every check happens before the destination changes.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+PUBLISHED = ("README.md", "stats.json", "data", "rejects", "plots")
+VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+HUB_PREFIX = "hf://datasets/"
+
+
+class PublishError(ValueError):
+    """Publishing was refused; the destination is unchanged."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one version holds: the sample ids and the stats."""
+
+    ids: frozenset[str]
+    stats: dict
+
+
+@dataclass
+class VersionDiff:
+    previous: str | None
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    count_delta: int = 0
+    op_count_delta: dict = field(default_factory=dict)
+    library_delta: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        base = f"against {self.previous}" if self.previous else "as the first version"
+        lines = [f"{len(self.added)} samples added, {len(self.removed)} removed ({self.count_delta:+d}) {base}"]
+        for title, delta in (("op-count mix", self.op_count_delta), ("library mix", self.library_delta)):
+            changes = ", ".join(f"{key}: {value:+d}" for key, value in sorted(delta.items()) if value)
+            lines.append(f"{title}: {changes or 'unchanged'}")
+        lines += [f"  + {sample_id}" for sample_id in self.added[:20]]
+        lines += [f"  - {sample_id}" for sample_id in self.removed[:20]]
+        return "\n".join(lines)
+
+
+def check_source(source: Path, allow_undecontaminated: bool) -> Snapshot:
+    missing = [name for name in ("README.md", "stats.json", "data") if not (source / name).exists()]
+    if missing:
+        raise PublishError(f"{source} is not a finished opsynth output folder (missing {', '.join(missing)}); "
+                           "run `opsynth run --out DIR` first")
+    stats = json.loads((source / "stats.json").read_text())
+    if not stats.get("decontaminated") and not allow_undecontaminated:
+        raise PublishError(f"{source} was not decontaminated against a reference benchmark; run with "
+                           "--reference, or pass --allow-undecontaminated to publish it anyway")
+    ids = {row for path in sorted((source / "data").glob("*.parquet"))
+           for row in pq.read_table(path, columns=["id"]).column("id").to_pylist()}
+    return Snapshot(frozenset(ids), stats)
+
+
+def check_version(version: str) -> None:
+    if not VERSION_NAME.match(version):
+        raise PublishError(f"--version {version!r} is not a valid tag name (letters, digits, '.', '_', '-')")
+
+
+def diff(previous_name: str | None, previous: Snapshot | None, current: Snapshot) -> VersionDiff:
+    if previous is None:
+        return VersionDiff(None, sorted(current.ids), [], len(current.ids),
+                           current.stats.get("op_count_mix", {}), current.stats.get("library_mix", {}))
+    return VersionDiff(
+        previous_name, sorted(current.ids - previous.ids), sorted(previous.ids - current.ids),
+        len(current.ids) - len(previous.ids),
+        _delta(previous.stats.get("op_count_mix", {}), current.stats.get("op_count_mix", {})),
+        _delta(previous.stats.get("library_mix", {}), current.stats.get("library_mix", {})))
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {key: after.get(key, 0) - before.get(key, 0) for key in set(before) | set(after)}
+
+
+def published_files(source: Path) -> list[Path]:
+    """The files a version holds, relative to the output folder (never logs or staging)."""
+    files = []
+    for name in PUBLISHED:
+        path = source / name
+        files += [p.relative_to(source) for p in sorted(path.rglob("*")) if p.is_file()] if path.is_dir() else (
+            [Path(name)] if path.exists() else [])
+    return files
+
+
+def snapshot_from_files(read) -> Snapshot:
+    """A version's Snapshot from a reader of its files: read(path) -> bytes, or a list of
+    paths under data/ when given 'data/'."""
+    stats = json.loads(read("stats.json"))
+    ids = {row for path in read("data/") if path.endswith(".parquet")
+           for row in pq.read_table(io.BytesIO(read(path)), columns=["id"]).column("id").to_pylist()}
+    return Snapshot(frozenset(ids), stats)
+
+
+# -- local git destination -----------------------------------------------------------------
+
+class LocalDestination:
+    """A git repository laid out exactly like the Hub repository: one commit and one
+    annotated tag per version."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def versions(self) -> list[str]:
+        if not (self.path / ".git").exists():
+            return []
+        return self._git("tag", "--sort=-creatordate").split()
+
+    def snapshot(self, version: str) -> Snapshot:
+        def read(path: str):
+            if path.endswith("/"):
+                return self._git("ls-tree", "-r", "--name-only", version, "--", path).split()
+            return subprocess.run(["git", "-C", str(self.path), "show", f"{version}:{path}"],
+                                  capture_output=True, check=True).stdout
+        return snapshot_from_files(read)
+
+    def publish(self, source: Path, version: str, message: str) -> str:
+        self._prepare()
+        if version in self.versions():
+            raise PublishError(f"version {version} already exists in {self.path}; versions are never overwritten")
+        try:
+            self._replace_contents(source)
+            self._git("add", "-A")
+            self._git("commit", "-q", "--allow-empty", "-m", message)
+            self._git("tag", "-a", version, "-m", message)
+        except (OSError, subprocess.CalledProcessError) as error:
+            self._restore()
+            raise PublishError(f"publishing to {self.path} failed and was rolled back: {_why(error)}") from None
+        return self._git("rev-parse", "HEAD").strip()
+
+    def _prepare(self) -> None:
+        if (self.path / ".git").exists():
+            if self._git("status", "--porcelain").strip():
+                raise PublishError(f"{self.path} has uncommitted changes; commit or discard them first")
+            return
+        if self.path.exists() and any(self.path.iterdir()):
+            raise PublishError(f"{self.path} exists, is not empty and is not a git repository")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._git("init", "-q", "-b", "main")
+        self._git("config", "user.name", "opsynth")
+        self._git("config", "user.email", "opsynth@localhost")
+
+    def _replace_contents(self, source: Path) -> None:
+        for name in PUBLISHED:
+            target = self.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        for relative in published_files(source):
+            (self.path / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / relative, self.path / relative)
+
+    def _restore(self) -> None:
+        if self._git("rev-parse", "--verify", "-q", "HEAD", check=False).strip():
+            self._git("reset", "-q", "--hard", "HEAD")
+        self._git("clean", "-q", "-fd")
+
+    def _git(self, *args: str, check: bool = True) -> str:
+        return subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, text=True,
+                              check=check).stdout
+
+
+def _why(error: Exception) -> str:
+    if isinstance(error, subprocess.CalledProcessError):
+        return (error.stderr or b"").decode() if isinstance(error.stderr, bytes) else (error.stderr or str(error))
+    return str(error)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+def destination_for(dest: str, private: bool = False):
+    if dest.startswith(HUB_PREFIX):
+        from outputs.hub import HubDestination
+        repo_id = dest[len(HUB_PREFIX):].strip("/")
+        if repo_id.count("/") != 1:
+            raise PublishError(f"--to {dest}: a Hub destination is hf://datasets/ORG/NAME")
+        return HubDestination(repo_id, private=private)
+    if "://" in dest:
+        raise PublishError(f"--to {dest}: use a local path or hf://datasets/ORG/NAME")
+    return LocalDestination(Path(dest))
+
+
+def publish(source: Path, dest: str, version: str, *, private: bool = False, allow_undecontaminated: bool = False,
+            dry_run: bool = False, message: str | None = None) -> tuple[VersionDiff, str | None]:
+    """Returns the change against the latest version and the new commit (None on a dry run)."""
+    check_version(version)
+    current = check_source(Path(source), allow_undecontaminated)
+    destination = destination_for(dest, private)
+    versions = destination.versions()
+    if version in versions:
+        raise PublishError(f"version {version} already exists at {dest}; versions are never overwritten")
+    latest = versions[0] if versions else None
+    change = diff(latest, destination.snapshot(latest) if latest else None, current)
+    if dry_run:
+        return change, None
+    return change, destination.publish(Path(source), version, message or f"opsynth dataset {version}")
