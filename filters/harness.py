@@ -16,6 +16,7 @@ import types
 
 import torch
 
+from filters import ablation
 from filters.resize import NotResizable, scale_constant
 
 _allclose = torch.allclose
@@ -27,7 +28,7 @@ _reset_dynamo = torch._dynamo.reset
 DEFAULTS = {
     "device": "cpu", "seed": 0, "atol": 1e-2, "rtol": 1e-2, "determinism_tol": 1e-5,
     "window_ms": (1.0, 100.0), "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
-    "timing_budget_ms": 1000.0, "warmup_ms": 100.0, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
+    "timing_budget_ms": 1000.0, "warmup_ms": 100.0, "ablation": True, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
 }
 
 
@@ -55,13 +56,31 @@ def evaluate(code: str, config: dict) -> dict:
 
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
     device = torch.device(cfg["device"])
-    task, model, inputs, out = _load_and_run(code, cfg, device)
-    code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out)
-    _check_determinism(task, model, inputs, out, cfg, device, metrics)
-    _check_not_constant(task, model, inputs, out, cfg, device, metrics)
+    with _timed(metrics, "load"):
+        task, model, inputs, out = _load_and_run(code, cfg, device)
+    with _timed(metrics, "timing"):
+        code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out)
+    with _timed(metrics, "determinism"):
+        _check_determinism(task, model, inputs, out, cfg, device, metrics)
+    with _timed(metrics, "degenerate"):
+        _check_not_constant(task, model, inputs, out, cfg, device, metrics)
+    if cfg["ablation"]:
+        with _timed(metrics, "ablation"):
+            _check_nothing_dead(model, inputs, out, cfg, metrics)
     if cfg["compile"]:
-        _check_compile(model, inputs, out, cfg, metrics)
+        with _timed(metrics, "compile"):
+            _check_compile(model, inputs, out, cfg, metrics)
     return code
+
+
+@contextlib.contextmanager
+def _timed(metrics: dict, stage: str):
+    """Wall time of each check, kept as `t_<stage>_ms` (the time split per check)."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[f"t_{stage}_ms"] = (time.perf_counter() - began) * 1e3
 
 
 # -- building and running ----------------------------------------------------------------
@@ -231,6 +250,25 @@ def _check_not_constant(task, model, inputs, out, cfg, device, metrics):
     if close(out, other, cfg["atol"], cfg["rtol"]):
         raise Reject("degenerate", "constant_output",
                      "outputs for two independent random inputs agree at the verification tolerance")
+
+
+def _check_nothing_dead(model, inputs, out, cfg, metrics):
+    tolerances = (cfg["atol"], cfg["rtol"])
+    dead = ablation.find_dead_parameter(model, inputs, out, forward, close, *tolerances, cfg["seed"] + 7)
+    if dead:
+        raise Reject("ablation", "dead_parameter",
+                     f"perturbing parameter {dead!r} leaves the output unchanged at the verification tolerance")
+    graph = ablation.trace(model)
+    metrics["traceable"] = graph is not None
+    if graph is None:
+        return
+    unused = ablation.find_unused_module(model, graph)
+    if unused:
+        raise Reject("ablation", "unused_module", f"submodule {unused!r} is built in __init__ but never used")
+    redundant = ablation.find_redundant_op(model, inputs, out, forward, close, *tolerances)
+    if redundant:
+        raise Reject("ablation", "redundant_op",
+                     f"dropping {redundant} leaves the output unchanged at the verification tolerance")
 
 
 def _check_compile(model, inputs, out, cfg, metrics):

@@ -45,6 +45,7 @@ def sample_row(candidate: Candidate, verdict: Verdict, run_info: dict) -> dict:
         "compile_max_diff": metrics.get("compile_max_diff"),
         "input_sensitivity": metrics.get("input_sensitivity"),
         "peak_memory_mb": metrics.get("peak_memory_mb"), "resized": bool(metrics.get("resized")),
+        "source": candidate.provenance.get("source"),
         "provenance": json.dumps(candidate.provenance, sort_keys=True),
     }
 
@@ -55,7 +56,7 @@ def reject_row(candidate: Candidate, verdict: Verdict) -> dict:
         "code": verdict.code or candidate.code, "id": candidate.id, "num_ops": len(candidate.ops),
         "stage": verdict.stage, "reason": verdict.reason, "detail": verdict.detail,
         "metrics": json.dumps(verdict.metrics, sort_keys=True, default=str),
-        "composer": candidate.composer, "seed": candidate.seed,
+        "composer": candidate.composer, "seed": candidate.seed, "source": candidate.provenance.get("source"),
         "provenance": json.dumps(candidate.provenance, sort_keys=True),
     }
 

@@ -23,6 +23,7 @@ SAMPLE_SCHEMA = pa.schema([
     ("input_sensitivity", pa.float64()),
     ("peak_memory_mb", pa.float64()),
     ("resized", pa.bool_()),
+    ("source", pa.string()),
     ("provenance", pa.string()),
 ])
 
@@ -38,6 +39,7 @@ REJECT_SCHEMA = pa.schema([
     ("metrics", pa.string()),
     ("composer", pa.string()),
     ("seed", pa.int64()),
+    ("source", pa.string()),
     ("provenance", pa.string()),
 ])
 

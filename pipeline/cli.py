@@ -14,12 +14,19 @@ def main(argv: list[str] | None = None) -> int:
     own, beam_args = _split_beam_args(argv)
     args = _parser().parse_args(own)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("apache_beam").setLevel(logging.ERROR)  # its import warns about optional GCP clients
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_drop_beam_import_noise)
     try:
         return args.handler(args, beam_args)
     except ConfigError as error:
         print(f"opsynth: error: {error}", file=sys.stderr)
         return 2
+
+
+def _drop_beam_import_noise(record: logging.LogRecord) -> bool:
+    """Beam's import warns on the root logger about optional GCP clients we never use."""
+    return not record.getMessage().startswith("apitools not found")
 
 
 def _split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -52,6 +59,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-memory-gb", type=float, help="memory limit per sandbox worker (default: 8)")
     run.add_argument("--cache-dir", help="catalog and compiler cache (default: ~/.cache/opsynth)")
     run.set_defaults(handler=_run)
+
+    validate = commands.add_parser("validate", help="re-audit existing tasks against the acceptance rules")
+    validate.add_argument("tasks", help="a folder of .py tasks or a Parquet file with a code column")
+    validate.add_argument("--out", required=True, help="output folder, in the dataset layout")
+    validate.add_argument("--config", help="a YAML file or recipe name (the run's keys apply)")
+    validate.add_argument("--device", help="auto, cpu or cuda[:N] (default: auto)")
+    validate.add_argument("--timeout-s", type=float, help="wall-clock limit per task (default: 300)")
+    validate.add_argument("--max-memory-gb", type=float, help="memory limit per sandbox worker (default: 8)")
+    validate.add_argument("--workers", type=int, help="sandbox worker processes (0 = auto)")
+    validate.add_argument("--cache-dir", help="compiler cache (default: ~/.cache/opsynth)")
+    validate.set_defaults(handler=_validate)
 
     dedupe = commands.add_parser("dedupe", help="score tasks against a reference set and each other")
     dedupe.add_argument("tasks", help="a folder of .py tasks or a Parquet file with a code column")
@@ -89,6 +107,16 @@ def _run(args, beam_args) -> int:
     cfg = build_config(args.config, {**overrides, "beam_args": beam_args or None})
     stats = run(cfg)
     return 0 if stats["accepted"] >= cfg.num_samples else 1
+
+
+def _validate(args, beam_args) -> int:
+    from pipeline.config import build_config
+    from pipeline.run import validate_tasks
+
+    overrides = {key: value for key, value in vars(args).items() if key not in ("command", "handler", "config", "tasks")}
+    cfg = build_config(args.config, {**overrides, "beam_args": beam_args or None})
+    validate_tasks(cfg, args.tasks)
+    return 0
 
 
 def _crawl(args, beam_args) -> int:

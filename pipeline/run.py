@@ -22,14 +22,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import apache_beam as beam
+import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from filters.decontaminate import dedupe
-from filters.reference import ReferenceSet, ReferenceSetError, load_reference
+from filters.reference import ReferenceSet, ReferenceSetError, load_reference, read_tasks
 from filters.sandbox import SandboxOptions
 from filters.similarity import fingerprint
 from operators.catalog import cache_key, load_or_crawl
-from operators.records import record_from_json
+from operators.records import Candidate, record_from_json
+from operators.task import task_id
 from outputs.dataset import write_dataset
 from pipeline.config import ConfigError, RunConfig
 from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
@@ -81,6 +83,60 @@ def run(cfg: RunConfig) -> dict:
     return stats
 
 
+def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
+    """`opsynth validate`: re-audit existing tasks with the engine `opsynth run` uses."""
+    started = time.monotonic()
+    device, gpus = resolve_device(cfg.device)
+    out_dir = prepare_out_dir(cfg.out)
+    candidates = external_candidates(tasks)
+    workers = cfg.workers or default_workers(device, gpus)
+    path = out_dir / ".staging" / "validate.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sandbox, check_config = _sandbox_options(cfg, device, workers, out_dir), _check_config(cfg, device)
+    with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
+        accepted, failed = (pipeline | "Tasks" >> beam.Create(candidates)
+                            | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None))
+        (accepted, failed) | "AllRecords" >> beam.Flatten() | "Write" >> WriteRecords(str(path))
+    records = _read_jsonl(path)
+    stop = f"validated all {len(candidates)} tasks of {tasks}"
+    stats = write_dataset(out_dir, records, _run_info(cfg, device, None, stop, time.monotonic() - started))
+    log.info("wrote %s: %d of %d tasks pass", out_dir, stats["accepted"], stats["composed"])
+    return stats
+
+
+def external_candidates(tasks: str) -> list[Candidate]:
+    """Candidates from a folder of .py files or a Parquet file with a `code` column; each
+    keeps its `source` (file name or row number) and, from Parquet, its ops and composer."""
+    path = Path(tasks)
+    try:
+        if path.is_file() and path.suffix == ".parquet":
+            rows = pq.read_table(path).to_pylist()
+            if rows and "code" not in rows[0]:
+                raise ConfigError(f"{tasks} has no `code` column")
+            named = [(f"row {i}", row) for i, row in enumerate(rows)]
+        else:
+            named = [(name, {"code": code}) for name, code in read_tasks(tasks)]
+    except ReferenceSetError as error:
+        raise ConfigError(str(error).replace("--reference ", "")) from None
+    if not named:
+        raise ConfigError(f"{tasks} holds no tasks")
+    candidates = []
+    for index, (source, row) in enumerate(named):
+        ops = tuple(row.get("ops") or ())
+        candidates.append(Candidate(
+            id=_external_id(row["code"]), ops=ops, data_source=row.get("data_source") or f"external#{len(ops)}",
+            code=row["code"], composer=row.get("composer") or "external", seed=0,
+            provenance={"index": index, "source": source}))
+    return candidates
+
+
+def _external_id(code: str) -> str:
+    try:
+        return task_id(code)
+    except SyntaxError:
+        return hashlib.sha256(code.encode()).hexdigest()[:16]
+
+
 def resolve_device(requested: str) -> tuple[str, list[int]]:
     import torch
     if requested == "auto":
@@ -123,15 +179,23 @@ def prepare_out_dir(out: str) -> Path:
     return path
 
 
-def _run_round(cfg, catalog, reference, indexes, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
-    sandbox = SandboxOptions(
+def _sandbox_options(cfg: RunConfig, device: str, workers: int, out_dir: Path) -> SandboxOptions:
+    cache_dir = Path(cfg.cache_dir)
+    return SandboxOptions(
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
         threads=max(1, (os.cpu_count() or 1) // workers), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=str(cache_dir) if device == "cuda" else None,
         env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
-    check_config = {"device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
-                    "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms),
-                    "max_task_memory_gb": cfg.max_task_memory_gb}
+
+
+def _check_config(cfg: RunConfig, device: str) -> dict:
+    return {"device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
+            "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms),
+            "max_task_memory_gb": cfg.max_task_memory_gb}
+
+
+def _run_round(cfg, catalog, reference, indexes, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
+    sandbox, check_config = _sandbox_options(cfg, device, workers, out_dir), _check_config(cfg, device)
     options = PipelineOptions(_beam_args(cfg.beam_args))
     with beam.Pipeline(options=options) as pipeline:
         indexes_pc = pipeline | "Indexes" >> beam.Create(list(indexes))

@@ -21,6 +21,11 @@ CASES = {
     "out_of_memory": (make_task("return x + torch.empty(1 << 40)"), FAST),
     "compile_error": (make_task("if torch.compiler.is_compiling():\n    return x.reshape(-1, 7)\nreturn x * 2.0"), OPEN),
     "compile_mismatch": (make_task("if torch.compiler.is_compiling():\n    return x + 1.0\nreturn x * 2.0"), OPEN),
+    "dead_parameter": (make_task("return torch.nn.functional.instance_norm(self.conv(x))",
+                                 init="self.conv = nn.Conv1d(4, 4, 3)",  # its bias is normalized away
+                                 inputs="[torch.rand(batch_size, 4, features)]"), FAST),
+    "unused_module": (make_task("return torch.tanh(x)", init="self.relu = nn.ReLU()"), FAST),
+    "redundant_op": (make_task("return torch.clamp(torch.sigmoid(x), max=2.0)"), FAST),  # never binds
     "resized": (make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 1\nfeatures = 256"),
                 {"compile": False}),
 }

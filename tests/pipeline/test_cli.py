@@ -46,3 +46,23 @@ def test_missing_gpu(capsys, tmp_path):
 def test_unknown_library_for_crawl(capsys, tmp_path):
     code, err = run_cli(capsys, "crawl", "--library", "no_such_lib_xyz", "--out", str(tmp_path / "c.parquet"))
     assert code == 2 and "neither a registered op source" in err
+
+
+def test_validate_reaudits_a_folder_and_records_each_source(tmp_path, capsys):
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
+    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text().replace("rows = 512", "rows = 4096"))
+    (tasks / "hostile.py").write_text("import os\nos.system('touch /tmp/pwned')\n")
+    (tasks / "broken.py").write_text("def (:\n")
+    out = tmp_path / "audit"
+    assert main(["validate", str(tasks), "--out", str(out), "--workers", "1", "--cache-dir", str(tmp_path)]) == 0
+    rows = {r["source"]: r for r in pq.read_table(out / "rejects").to_pylist()}
+    assert rows["hostile.py"]["reason"] == "bad_interface" and rows["broken.py"]["reason"] == "syntax_error"
+    assert [r["source"] for r in pq.read_table(out / "data").to_pylist()] == ["good.py"]
+    code, err = run_cli(capsys, "validate", str(tmp_path / "nothing"), "--out", str(out))
+    assert code == 2 and "not a folder" in err
