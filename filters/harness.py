@@ -28,7 +28,7 @@ _reset_dynamo = torch._dynamo.reset
 DEFAULTS = {
     "device": "cpu", "seed": 0, "atol": 1e-2, "rtol": 1e-2, "determinism_tol": 1e-5,
     "window_ms": (1.0, 100.0), "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
-    "timing_budget_ms": 1000.0, "warmup_ms": 100.0, "ablation": True, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
+    "timing_budget_ms": 300.0, "warmup_ms": 100.0, "ablation": True, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
 }
 
 

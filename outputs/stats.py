@@ -24,6 +24,7 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
         "op_count_mix": _sorted_counts(len(c.ops) for c, _ in accepted),
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
+        "time_by_check_s": time_by_check(records),
         "kernelbench_similarity_histogram": histogram(
             [v.metrics.get("kernelbench_max_similarity") for _, v in accepted], SIMILARITY_EDGES),
         **run_info,
@@ -38,6 +39,16 @@ def funnel(records: list[tuple[Candidate, Verdict]]) -> list[dict]:
         rows.append({"stage": stage, "entered": entered, "rejected": rejected_at.get(stage, 0)})
         entered -= rejected_at.get(stage, 0)
     return rows
+
+
+def time_by_check(records: list[tuple[Candidate, Verdict]]) -> dict:
+    """Sandbox wall time per check, summed over every candidate (accepted or not)."""
+    totals: Counter = Counter()
+    for _, verdict in records:
+        for key, value in verdict.metrics.items():
+            if key.startswith("t_") and key.endswith("_ms") and isinstance(value, (int, float)):
+                totals[key[2:-3]] += value / 1e3
+    return {check: round(seconds, 2) for check, seconds in totals.most_common()}
 
 
 def histogram(values: list[float | None], edges: tuple = HISTOGRAM_EDGES_MS) -> dict:
