@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import math
 import os
 import statistics
@@ -28,7 +29,7 @@ _reset_dynamo = torch._dynamo.reset
 DEFAULTS = {
     "device": "cpu", "seed": 0, "atol": 1e-2, "rtol": 1e-2, "determinism_tol": 1e-5,
     "window_ms": (1.0, 100.0), "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
-    "timing_budget_ms": 300.0, "warmup_ms": 100.0, "ablation": True, "min_repeats": 5, "max_repeats": 50, "compile": True, "timing_lock": None,
+    "timing_budget_ms": 200.0, "warmup_ms": 50.0, "ablation": True, "min_repeats": 5, "max_repeats": 30, "compile": True, "timing_lock": None,
 }
 
 
@@ -136,20 +137,23 @@ def _load_and_run(code: str, cfg: dict, device: torch.device):
 def _fit_window(code, cfg, device, metrics, task, model, inputs, out):
     """Measure; while outside the window (or over the memory cap), scale `batch_size` and
     measure again. Small tasks are overhead-bound, so a linear estimate can overshoot: the
-    batch sizes known to be too fast and too slow bracket the next guess."""
+    batch sizes known to be too fast and too slow (or out of memory) bracket the next guess.
+    The search uses quick measurements; only the final one takes the GPU exclusively."""
     low, high = cfg["window_ms"]
     cap_bytes = cfg["max_task_memory_gb"] * 2**30
     original, too_fast_at, too_slow_at = code, 0, math.inf
     for attempt in range(cfg["max_resize_rounds"] + 1):
-        eager_ms, peak = _measure(model, inputs, cfg, device)
+        eager_ms, peak = _measure(model, inputs, cfg, device, precise=False)
+        too_large = peak is not None and peak > cap_bytes
+        if low <= eager_ms <= high and not too_large:
+            eager_ms, peak = _measure(model, inputs, cfg, device, precise=True)
+            too_large = peak is not None and peak > cap_bytes
         metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
                        resize_rounds=attempt, resized=code != original)
-        too_large = peak is not None and peak > cap_bytes
         if low <= eager_ms <= high and not too_large:
             return code, task, model, inputs, out
         if attempt == cfg["max_resize_rounds"]:
             break
-        factor = cap_bytes / peak * 0.8 if too_large else math.sqrt(low * high) / max(eager_ms, 1e-3)
         try:
             _, batch, _ = scale_constant(code, 1.0)
         except NotResizable:
@@ -158,23 +162,60 @@ def _fit_window(code, cfg, device, metrics, task, model, inputs, out):
             too_fast_at = max(too_fast_at, batch)
         else:
             too_slow_at = min(too_slow_at, batch)
-        guess = round(batch * min(max(factor, 1 / 64), 64))
-        if not too_fast_at < guess < too_slow_at:
-            guess = round(math.sqrt(max(too_fast_at, 1) * min(too_slow_at, batch * 64)))
-        if guess in (batch, too_fast_at, too_slow_at) or guess < 1:
+        factor = cap_bytes / peak * 0.8 if too_large else math.sqrt(low * high) / max(eager_ms, 1e-3)
+        guess = _bracketed(round(batch * min(max(factor, 1 / 64), 64)), batch, too_fast_at, too_slow_at)
+        if guess is None:
             break
-        code, _, _ = scale_constant(code, guess / batch)
-        metrics["batch_size"] = guess
-        task, model, inputs, out = _load_and_run(code, cfg, device)
+        del task, model, inputs, out
+        _release(device)
+        loaded = _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at)
+        if loaded is None:
+            raise Reject("timing", "too_large", f"no batch size between {too_fast_at} and {batch} fits in memory")
+        code, task, model, inputs, out, too_slow_at = loaded
     if metrics.get("peak_memory_mb") and metrics["peak_memory_mb"] * 2**20 > cap_bytes:
         raise Reject("timing", "too_large", f"peak memory {metrics['peak_memory_mb']:.0f} MB over the cap")
     reason = "too_fast" if metrics["eager_ms"] < low else "too_slow"
     raise Reject("timing", reason, f"median eager time {metrics['eager_ms']:.3f} ms is outside [{low}, {high}] ms")
 
 
-def _measure(model, inputs, cfg, device) -> tuple[float, int | None]:
-    """Median eager forward time in ms after warm-up, and peak device memory in bytes."""
-    with _exclusive(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK")):
+def _bracketed(guess: int, batch: int, too_fast_at: int, too_slow_at: float) -> int | None:
+    if not too_fast_at < guess < too_slow_at:
+        guess = round(math.sqrt(max(too_fast_at, 1) * min(too_slow_at, batch * 64)))
+    return None if guess in (batch, too_fast_at, too_slow_at) or guess < 1 else guess
+
+
+def _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at):
+    """Load the task at `guess`; running out of memory lowers the bracket and tries smaller."""
+    while guess is not None:
+        resized, _, _ = scale_constant(code, guess / batch)
+        try:
+            task, model, inputs, out = _load_and_run(resized, cfg, device)
+        except Reject as reject:
+            if reject.reason != "out_of_memory":
+                raise
+            _release(device)
+            too_slow_at = min(too_slow_at, guess)
+            guess = _bracketed(round(math.sqrt(max(too_fast_at, 1) * guess)), batch, too_fast_at, too_slow_at)
+            continue
+        metrics["batch_size"] = guess
+        return resized, task, model, inputs, out, too_slow_at
+    return None
+
+
+def _release(device) -> None:
+    """Hand freed memory back, so workers sharing a GPU do not starve each other."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _measure(model, inputs, cfg, device, precise: bool = True) -> tuple[float, int | None]:
+    """Median eager forward time in ms after warm-up, and peak device memory in bytes.
+    A precise measurement owns the GPU; a quick one (for the resize search) does not."""
+    if not precise:
+        cfg = {**cfg, "warmup_ms": 0.0, "timing_budget_ms": 0.0, "min_repeats": 3}
+    lock = cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK") if precise else None
+    with _exclusive(lock):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)

@@ -46,6 +46,8 @@ class SandboxOptions:
     log_path: str | None = None
     # Workers that share a GPU take turns timing through a lock file per GPU in this folder.
     timing_lock_dir: str | None = None
+    # GPU memory one worker may take (the task cap plus headroom); None leaves it unbounded.
+    gpu_memory_gb: float | None = None
     env: tuple = ()  # extra (name, value) environment pairs; a tuple keeps options hashable
 
     def guard(self) -> str:
@@ -81,6 +83,7 @@ class Worker:
         job_r, self.job_fd = os.pipe()
         self.result_fd, result_w = os.pipe()
         options = {"isolate_network": self.options.isolate_network, "threads": self.options.threads,
+                   "gpu_memory_gb": self.options.gpu_memory_gb,
                    "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None}
         env = {**os.environ, **dict(self.options.env), **WORKER_ENV}
         if self.gpu is not None:

@@ -9,6 +9,7 @@ runs in a fresh throw-away directory.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -70,6 +71,10 @@ def main() -> None:
 
     import torch
     torch.set_num_threads(options.get("threads") or torch.get_num_threads())
+    if options.get("gpu_memory_gb") and torch.cuda.is_available():
+        # Workers share the GPU: none may take more than its task cap (plus headroom).
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, options["gpu_memory_gb"] * 2**30 / total))
     from filters.harness import evaluate
 
     send(result_fd, {"ready": True, "network": network, "pid": os.getpid()})
@@ -83,6 +88,9 @@ def main() -> None:
                       "detail": f"{type(error).__name__}: {error}"[:500], "metrics": {}, "code": job["code"]}
         os.chdir(scratch)
         shutil.rmtree(workdir, ignore_errors=True)
+        gc.collect()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
         send(result_fd, result)
 
 

@@ -38,6 +38,7 @@ from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates
 
 log = logging.getLogger("opsynth")
 MIN_YIELD = 0.1
+GPU_HEADROOM = 1.25  # a worker's GPU memory share over the task cap: allocator slack
 
 
 def run(cfg: RunConfig) -> dict:
@@ -51,7 +52,7 @@ def run(cfg: RunConfig) -> dict:
     if not reference:
         log.warning("NO REFERENCE BENCHMARK (--reference): tasks are NOT decontaminated against KernelBench; "
                     "the dataset card will say so")
-    workers = cfg.workers or default_workers(device, gpus)
+    workers = cfg.workers or default_workers(device, gpus, cfg.max_task_memory_gb)
     staging = _staging_dir(out_dir, _fingerprint(cfg, device))
     records = drop_near_duplicates(_read_rounds(staging), cfg.dedupe_threshold)
     next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
@@ -89,7 +90,7 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     device, gpus = resolve_device(cfg.device)
     out_dir = prepare_out_dir(cfg.out)
     candidates = external_candidates(tasks)
-    workers = cfg.workers or default_workers(device, gpus)
+    workers = cfg.workers or default_workers(device, gpus, cfg.max_task_memory_gb)
     path = out_dir / ".staging" / "validate.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     sandbox, check_config = _sandbox_options(cfg, device, workers, out_dir), _check_config(cfg, device)
@@ -154,9 +155,16 @@ def resolve_device(requested: str) -> tuple[str, list[int]]:
     return "cuda", list(range(torch.cuda.device_count()))
 
 
-def default_workers(device: str, gpus: list[int]) -> int:
+def default_workers(device: str, gpus: list[int], task_memory_gb: float = 16.0) -> int:
+    """CPU: one worker a core (at most 8). GPU: as many per GPU as fit its memory at the
+    task cap, never more than the cores."""
     cores = os.cpu_count() or 1
-    return max(1, min(cores, 8 * len(gpus))) if device == "cuda" else max(1, min(cores, 8))
+    if device != "cuda":
+        return max(1, min(cores, 8))
+    import torch
+    per_gpu = [max(1, int(torch.cuda.get_device_properties(g).total_memory / 2**30 // (task_memory_gb * GPU_HEADROOM)))
+               for g in gpus]
+    return max(1, min(cores, sum(per_gpu)))
 
 
 def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int) -> int:
@@ -185,6 +193,7 @@ def _sandbox_options(cfg: RunConfig, device: str, workers: int, out_dir: Path) -
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
         threads=max(1, (os.cpu_count() or 1) // workers), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=str(cache_dir) if device == "cuda" else None,
+        gpu_memory_gb=cfg.max_task_memory_gb * GPU_HEADROOM if device == "cuda" else None,
         env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
 
 

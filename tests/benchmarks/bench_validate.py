@@ -36,19 +36,20 @@ def main() -> None:
              if static_check(c.code) is None][:args.candidates]
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     config = {"device": args.device}
+    gpu_memory_gb = 16 * 1.25 if args.device.startswith("cuda") else None  # the run's default share
     # Each side starts from its own empty compiler cache: neither reuses the other's kernels.
     pool_cache, naive_cache = (tempfile.mkdtemp(prefix=f"opsynth-bench-{side}-") for side in ("pool", "naive"))
     env = {**os.environ, **WORKER_ENV, "TORCHINDUCTOR_CACHE_DIR": naive_cache}
 
     began = time.perf_counter()
     options = SandboxOptions(device=args.device, threads=threads, env=(("TORCHINDUCTOR_CACHE_DIR", pool_cache),),
-                             memory_guard="rss")
+                             memory_guard="rss", gpu_memory_gb=gpu_memory_gb)
     with WorkerPool(args.workers, options) as pool:
         pooled = pool.run_many([{"code": code, "config": config} for code in codes])
     pool_s = time.perf_counter() - began
 
     def fresh_process(code: str) -> dict:
-        job = json.dumps({"code": code, "config": config, "threads": threads})
+        job = json.dumps({"code": code, "config": config, "threads": threads, "gpu_memory_gb": gpu_memory_gb})
         done = subprocess.run([sys.executable, "-m", "tests.benchmarks.naive_validator"], input=job,
                               capture_output=True, text=True, env=env, timeout=900)
         return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"reason": "crashed"}

@@ -3,7 +3,7 @@
 #   bash tests/benchmarks/h200.sh CANDIDATES WORKERS BENCH_CANDIDATES
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT.
 set -uo pipefail
-CANDIDATES=${1:-300}; WORKERS=${2:-12}; BENCH=${3:-24}
+CANDIDATES=${1:-300}; WORKERS=${2:-0}; BENCH=${3:-24}  # WORKERS 0: as many as GPU memory allows
 OUT=${OUT:-/tmp/opsynth-out}
 RUN=/tmp/opsynth-run  # the device returns at most 8 files: only the ones that matter are copied to $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -28,4 +28,4 @@ PY
 echo "== cross-check against torch.profiler"
 python3 -m tests.benchmarks.gpu_crosscheck "$RUN" --tasks 20 2>&1 | tail -24
 echo "== worker pool vs fresh process per candidate"
-timeout 420 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "$BENCH" --workers 8 2>&1 | tail -8
+timeout 300 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "$BENCH" --workers 7 2>&1 | tail -8

@@ -67,3 +67,12 @@ def test_a_too_fast_task_is_resized_into_the_window(results):
 def test_rejects_keep_the_measurements_they_took(results):
     assert results["too_fast"]["metrics"]["eager_ms"] < 1.0
     assert results["constant_output"]["metrics"]["input_sensitivity"] == 0.0
+
+
+def test_resize_bracket_never_repeats_a_size_known_to_fail():
+    from filters.harness import _bracketed
+
+    assert _bracketed(640, 10, 0, float("inf")) == 640  # inside the bracket: taken as is
+    assert _bracketed(4096, 64, 10, 1000) == 100  # past a size known too slow: the geometric middle
+    assert _bracketed(5, 64, 10, 1000) == 100  # under a size known too fast: likewise
+    assert _bracketed(11, 10, 10, 11) is None  # nothing left between the bounds
