@@ -28,7 +28,10 @@ _reset_dynamo = torch._dynamo.reset
 
 DEFAULTS = {
     "device": "cpu", "seed": 0, "atol": 1e-2, "rtol": 1e-2, "determinism_tol": 1e-5,
-    "window_ms": (1.0, 100.0), "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
+    "window_ms": (1.0, 100.0), "target_ms": 3.0, "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
+    # Memory the resize search may give one task in this worker (None: the task cap). The
+    # later checks hold a second model and more outputs, so a share's third is the limit.
+    "memory_budget_gb": None,
     "timing_budget_ms": 200.0, "warmup_ms": 50.0, "ablation": True, "min_repeats": 5, "max_repeats": 30, "compile": True, "timing_lock": None,
 }
 
@@ -57,21 +60,63 @@ def evaluate(code: str, config: dict) -> dict:
 
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
     device = torch.device(cfg["device"])
-    with _timed(metrics, "load"):
+    gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"))
+    with _timed(metrics, "load"), gate.shared():
         task, model, inputs, out = _load_and_run(code, cfg, device)
     with _timed(metrics, "timing"):
-        code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out)
-    with _timed(metrics, "determinism"):
+        code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate)
+    with _timed(metrics, "determinism"), gate.shared():
         _check_determinism(task, model, inputs, out, cfg, device, metrics)
-    with _timed(metrics, "degenerate"):
+    with _timed(metrics, "degenerate"), gate.shared():
         _check_not_constant(task, model, inputs, out, cfg, device, metrics)
     if cfg["ablation"]:
-        with _timed(metrics, "ablation"):
+        with _timed(metrics, "ablation"), gate.shared():
             _check_nothing_dead(model, inputs, out, cfg, metrics)
     if cfg["compile"]:
-        with _timed(metrics, "compile"):
+        with _timed(metrics, "compile"), gate.shared():
             _check_compile(model, inputs, out, cfg, metrics)
     return code
+
+
+class GpuGate:
+    """A reader-writer lock over one GPU shared by several workers, with writer priority.
+
+    Timing is the writer: it closes the gate (no new GPU work may start), waits for the
+    GPU work under way to finish, and measures alone. Every other stretch of GPU work is a
+    reader. Both are flock(2) locks on files beside each other, so they hold across
+    processes and are released by the OS if a worker dies. Without a path (CPU) both are
+    no-ops."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    @contextlib.contextmanager
+    def shared(self):
+        if not self.path:
+            yield
+            return
+        with open(self.path + ".gate", "a") as gate, open(self.path, "a") as gpu:
+            fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
+            fcntl.flock(gpu, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            try:
+                yield
+            finally:
+                fcntl.flock(gpu, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        if not self.path:
+            yield
+            return
+        with open(self.path + ".gate", "a") as gate, open(self.path, "a") as gpu:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(gpu, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(gpu, fcntl.LOCK_UN)
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -134,19 +179,22 @@ def _load_and_run(code: str, cfg: dict, device: torch.device):
 
 # -- timing window and re-sizing ---------------------------------------------------------
 
-def _fit_window(code, cfg, device, metrics, task, model, inputs, out):
+def _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate: "GpuGate"):
     """Measure; while outside the window (or over the memory cap), scale `batch_size` and
     measure again. Small tasks are overhead-bound, so a linear estimate can overshoot: the
     batch sizes known to be too fast and too slow (or out of memory) bracket the next guess.
     The search uses quick measurements; only the final one takes the GPU exclusively."""
     low, high = cfg["window_ms"]
-    cap_bytes = cfg["max_task_memory_gb"] * 2**30
+    target = min(max(cfg["target_ms"], low), high)
+    cap_bytes = min(cfg["max_task_memory_gb"], cfg["memory_budget_gb"] or math.inf) * 2**30
     original, too_fast_at, too_slow_at = code, 0, math.inf
     for attempt in range(cfg["max_resize_rounds"] + 1):
-        eager_ms, peak = _measure(model, inputs, cfg, device, precise=False)
+        with gate.shared():
+            eager_ms, peak = _measure(model, inputs, cfg, device, precise=False)
         too_large = peak is not None and peak > cap_bytes
         if low <= eager_ms <= high and not too_large:
-            eager_ms, peak = _measure(model, inputs, cfg, device, precise=True)
+            with gate.exclusive():
+                eager_ms, peak = _measure(model, inputs, cfg, device, precise=True)
             too_large = peak is not None and peak > cap_bytes
         metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
                        resize_rounds=attempt, resized=code != original)
@@ -162,18 +210,20 @@ def _fit_window(code, cfg, device, metrics, task, model, inputs, out):
             too_fast_at = max(too_fast_at, batch)
         else:
             too_slow_at = min(too_slow_at, batch)
-        factor = cap_bytes / peak * 0.8 if too_large else math.sqrt(low * high) / max(eager_ms, 1e-3)
+        factor = cap_bytes / peak * 0.8 if too_large else target / max(eager_ms, 1e-3)
         guess = _bracketed(round(batch * min(max(factor, 1 / 64), 64)), batch, too_fast_at, too_slow_at)
         if guess is None:
             break
         del task, model, inputs, out
         _release(device)
-        loaded = _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at)
+        with gate.shared():
+            loaded = _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at)
         if loaded is None:
             raise Reject("timing", "too_large", f"no batch size between {too_fast_at} and {batch} fits in memory")
         code, task, model, inputs, out, too_slow_at = loaded
     if metrics.get("peak_memory_mb") and metrics["peak_memory_mb"] * 2**20 > cap_bytes:
-        raise Reject("timing", "too_large", f"peak memory {metrics['peak_memory_mb']:.0f} MB over the cap")
+        raise Reject("timing", "too_large", f"peak memory {metrics['peak_memory_mb']:.0f} MB over the cap of "
+                                            f"{cap_bytes / 2**20:.0f} MB")
     reason = "too_fast" if metrics["eager_ms"] < low else "too_slow"
     raise Reject("timing", reason, f"median eager time {metrics['eager_ms']:.3f} ms is outside [{low}, {high}] ms")
 
@@ -210,22 +260,21 @@ def _release(device) -> None:
 
 
 def _measure(model, inputs, cfg, device, precise: bool = True) -> tuple[float, int | None]:
-    """Median eager forward time in ms after warm-up, and peak device memory in bytes.
-    A precise measurement owns the GPU; a quick one (for the resize search) does not."""
+    """Median eager forward time in ms after warm-up, and peak device memory in bytes. A
+    quick measurement (for the resize search) skips the warm-up and takes three samples;
+    the caller decides whether it owns the GPU (GpuGate)."""
     if not precise:
         cfg = {**cfg, "warmup_ms": 0.0, "timing_budget_ms": 0.0, "min_repeats": 3}
-    lock = cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK") if precise else None
-    with _exclusive(lock):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        first = _time_once(model, inputs, device)
-        if first > cfg["window_ms"][1] * 5:
-            return first, _peak(device)
-        _warm_up(model, inputs, device, cfg["warmup_ms"])
-        repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
-        times = [_time_once(model, inputs, device) for _ in range(repeats)]
-        return statistics.median(times), _peak(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    first = _time_once(model, inputs, device)
+    if first > cfg["window_ms"][1] * 5:
+        return first, _peak(device)
+    _warm_up(model, inputs, device, cfg["warmup_ms"])
+    repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
+    times = [_time_once(model, inputs, device) for _ in range(repeats)]
+    return statistics.median(times), _peak(device)
 
 
 def _warm_up(model, inputs, device, budget_ms: float) -> None:
@@ -253,20 +302,6 @@ def _time_once(model, inputs, device) -> float:
 
 def _peak(device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: str | None):
-    """Timing owns the GPU: workers sharing a device take turns through a file lock."""
-    if not lock_path:
-        yield
-        return
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # -- determinism, degeneracy, compile ----------------------------------------------------

@@ -41,6 +41,7 @@ class RunConfig:
     libraries: list = field(default_factory=lambda: ["torch"])
     op_count_mix: dict = field(default_factory=lambda: dict(DEFAULT_OP_COUNT_MIX))
     window_ms: list = field(default_factory=lambda: [1.0, 100.0])
+    target_ms: float = 3.0  # where re-sizing aims inside the window (KernelBench's median is ~3 ms)
     atol: float = 1e-2
     rtol: float = 1e-2
     determinism_tol: float = 1e-5

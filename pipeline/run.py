@@ -38,7 +38,6 @@ from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates
 
 log = logging.getLogger("opsynth")
 MIN_YIELD = 0.1
-GPU_HEADROOM = 1.25  # a worker's GPU memory share over the task cap: allocator slack
 
 
 def run(cfg: RunConfig) -> dict:
@@ -52,7 +51,7 @@ def run(cfg: RunConfig) -> dict:
     if not reference:
         log.warning("NO REFERENCE BENCHMARK (--reference): tasks are NOT decontaminated against KernelBench; "
                     "the dataset card will say so")
-    workers = cfg.workers or default_workers(device, gpus, cfg.max_task_memory_gb)
+    workers = cfg.workers or default_workers(device, gpus)
     staging = _staging_dir(out_dir, _fingerprint(cfg, device))
     records = drop_near_duplicates(_read_rounds(staging), cfg.dedupe_threshold)
     next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
@@ -90,10 +89,11 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     device, gpus = resolve_device(cfg.device)
     out_dir = prepare_out_dir(cfg.out)
     candidates = external_candidates(tasks)
-    workers = cfg.workers or default_workers(device, gpus, cfg.max_task_memory_gb)
+    workers = cfg.workers or default_workers(device, gpus)
     path = out_dir / ".staging" / "validate.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    sandbox, check_config = _sandbox_options(cfg, device, workers, out_dir), _check_config(cfg, device)
+    sandbox = _sandbox_options(cfg, device, gpus, workers, out_dir)
+    check_config = _check_config(cfg, device, sandbox)
     with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
         accepted, failed = (pipeline | "Tasks" >> beam.Create(candidates)
                             | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None))
@@ -155,16 +155,11 @@ def resolve_device(requested: str) -> tuple[str, list[int]]:
     return "cuda", list(range(torch.cuda.device_count()))
 
 
-def default_workers(device: str, gpus: list[int], task_memory_gb: float = 16.0) -> int:
-    """CPU: one worker a core (at most 8). GPU: as many per GPU as fit its memory at the
-    task cap, never more than the cores."""
+def default_workers(device: str, gpus: list[int]) -> int:
+    """One worker a core, at most 8 (on a GPU host: 8 per GPU). Compilation and the
+    correctness checks run on the cores in parallel; timing takes turns on each GPU."""
     cores = os.cpu_count() or 1
-    if device != "cuda":
-        return max(1, min(cores, 8))
-    import torch
-    per_gpu = [max(1, int(torch.cuda.get_device_properties(g).total_memory / 2**30 // (task_memory_gb * GPU_HEADROOM)))
-               for g in gpus]
-    return max(1, min(cores, sum(per_gpu)))
+    return max(1, min(cores, 8 * len(gpus))) if device == "cuda" else max(1, min(cores, 8))
 
 
 def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int) -> int:
@@ -187,24 +182,33 @@ def prepare_out_dir(out: str) -> Path:
     return path
 
 
-def _sandbox_options(cfg: RunConfig, device: str, workers: int, out_dir: Path) -> SandboxOptions:
+def gpu_share_gb(gpus: list[int], workers: int) -> float:
+    """GPU memory each worker may take: 90% of the smallest GPU, split among its workers."""
+    import torch
+    per_gpu = math.ceil(workers / len(gpus))
+    return 0.9 * min(torch.cuda.get_device_properties(g).total_memory for g in gpus) / 2**30 / per_gpu
+
+
+def _sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:
     cache_dir = Path(cfg.cache_dir)
     return SandboxOptions(
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
         threads=max(1, (os.cpu_count() or 1) // workers), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=str(cache_dir) if device == "cuda" else None,
-        gpu_memory_gb=cfg.max_task_memory_gb * GPU_HEADROOM if device == "cuda" else None,
+        gpu_memory_gb=gpu_share_gb(gpus, workers) if device == "cuda" else None,
         env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
 
 
-def _check_config(cfg: RunConfig, device: str) -> dict:
+def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
     return {"device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
-            "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms),
-            "max_task_memory_gb": cfg.max_task_memory_gb}
+            "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms), "target_ms": cfg.target_ms,
+            "max_task_memory_gb": cfg.max_task_memory_gb,
+            "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None}
 
 
 def _run_round(cfg, catalog, reference, indexes, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
-    sandbox, check_config = _sandbox_options(cfg, device, workers, out_dir), _check_config(cfg, device)
+    sandbox = _sandbox_options(cfg, device, gpus, workers, out_dir)
+    check_config = _check_config(cfg, device, sandbox)
     options = PipelineOptions(_beam_args(cfg.beam_args))
     with beam.Pipeline(options=options) as pipeline:
         indexes_pc = pipeline | "Indexes" >> beam.Create(list(indexes))

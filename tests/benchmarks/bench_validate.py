@@ -21,6 +21,7 @@ from filters.sandbox import WORKER_ENV, SandboxOptions, WorkerPool
 from filters.static_check import static_check
 from operators.catalog import crawl
 from pipeline.composers.template import TemplateComposer
+from pipeline.run import gpu_share_gb
 
 
 def main() -> None:
@@ -36,7 +37,8 @@ def main() -> None:
              if static_check(c.code) is None][:args.candidates]
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     config = {"device": args.device}
-    gpu_memory_gb = 16 * 1.25 if args.device.startswith("cuda") else None  # the run's default share
+    gpu_memory_gb = gpu_share_gb([0], args.workers) if args.device.startswith("cuda") else None  # as a run shares it
+    config = {**config, "memory_budget_gb": gpu_memory_gb / 3 if gpu_memory_gb else None}
     # Each side starts from its own empty compiler cache: neither reuses the other's kernels.
     pool_cache, naive_cache = (tempfile.mkdtemp(prefix=f"opsynth-bench-{side}-") for side in ("pool", "naive"))
     env = {**os.environ, **WORKER_ENV, "TORCHINDUCTOR_CACHE_DIR": naive_cache}

@@ -47,7 +47,7 @@ def main() -> None:
         model = build_model(task, 0, device)
         torch.manual_seed(1)
         inputs = make_inputs(task, device)
-        events_ms, _ = _measure(model, inputs, dict(DEFAULTS), device)
+        events_ms, _ = _measure(model, inputs, dict(DEFAULTS), device)  # alone on the GPU: nothing else runs
         profiler_ms = kernel_ms_per_call(model, inputs)
         ratios.append(events_ms / profiler_ms)
         print(f"{' > '.join(op.rsplit('.', 1)[-1] for op in row['ops'])[:40]:40s} {row['eager_ms']:9.3f} "

@@ -76,3 +76,46 @@ def test_resize_bracket_never_repeats_a_size_known_to_fail():
     assert _bracketed(4096, 64, 10, 1000) == 100  # past a size known too slow: the geometric middle
     assert _bracketed(5, 64, 10, 1000) == 100  # under a size known too fast: likewise
     assert _bracketed(11, 10, 10, 11) is None  # nothing left between the bounds
+
+
+def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):
+    """The gate's locking on the CPU: readers in two processes overlap; the writer waits
+    until the reader already inside is done, and a new reader waits for the writer."""
+    import multiprocessing
+    import time
+
+    from filters.harness import GpuGate
+
+    path = str(tmp_path / "gpu0.lock")
+    log = multiprocessing.get_context("spawn").Queue()
+
+    def stamp(event):
+        log.put((event, time.monotonic()))
+
+    context = multiprocessing.get_context("fork")
+    reader = context.Process(target=_hold_shared, args=(path, 0.6, log))
+    reader.start()
+    time.sleep(0.2)
+    gate = GpuGate(path)
+    with gate.exclusive():
+        stamp("writer in")
+        late = context.Process(target=_hold_shared, args=(path, 0.0, log))
+        late.start()
+        time.sleep(0.3)
+        stamp("writer out")
+    reader.join()
+    late.join()
+    events = dict(log.get(timeout=5) for _ in range(6))
+    assert events["writer in"] >= events["reader 0.6 out"]  # waited for the reader inside
+    assert events["reader 0.0 in"] >= events["writer out"]  # the late reader waited for the writer
+
+
+def _hold_shared(path, seconds, log):
+    import time
+
+    from filters.harness import GpuGate
+
+    with GpuGate(path).shared():
+        log.put((f"reader {seconds} in", time.monotonic()))
+        time.sleep(seconds)
+        log.put((f"reader {seconds} out", time.monotonic()))
