@@ -27,5 +27,6 @@ print("accepted per hour", round(s["accepted"] / s["wall_time_s"] * 3600))
 PY
 echo "== cross-check against torch.profiler"
 python3 -m tests.benchmarks.gpu_crosscheck "$RUN" --tasks 20 2>&1 | tail -24
+[ "$BENCH" -gt 0 ] || exit 0
 echo "== worker pool vs fresh process per candidate"
 timeout 300 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "$BENCH" --workers 7 2>&1 | tail -8
