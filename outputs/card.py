@@ -21,6 +21,9 @@ REJECT_GLOSSARY = {
     "compile_error": "torch.compile fails", "compile_mismatch": "eager and compiled outputs disagree",
     "timeout": "ran past the wall-clock limit", "crashed": "killed its worker",
     "out_of_memory": "ran out of memory", "kernelbench_similar": "too close to a KernelBench task",
+    "llm_error": "the LLM request failed for good", "no_code": "the answer held no code block",
+    "missing_op": "the code does not use every requested op", "dead_parameter": "a parameter does not affect the output",
+    "unused_module": "a submodule is built but never used", "redundant_op": "an op can be dropped without effect",
     "near_duplicate": "too close to an earlier accepted sample",
 }
 
@@ -129,6 +132,9 @@ def _provenance(stats: dict) -> list[tuple[str, str]]:
         ("reference set", f"{stats['reference']} @ {stats['reference_revision']}" if stats.get("reference") else "none"),
         ("similarity thresholds", f"reference {stats['similarity_threshold']}, dedupe {stats['dedupe_threshold']}"),
         ("wall time (s)", f"{stats['wall_time_s']:.0f}"),
+        *([("LLM tokens (prompt + completion)", f"{stats['llm']['prompt_tokens']} + {stats['llm']['completion_tokens']}"),
+           ("LLM tokens per accepted sample", str(stats["llm"]["tokens_per_accepted"])),
+           ("accepted after repair", str(stats["llm"]["accepted_after_repair"]))] if stats.get("llm") else []),
     ]
 
 

@@ -25,6 +25,7 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
         "time_by_check_s": time_by_check(records),
+        "llm": llm_usage(records, len(accepted)),
         "kernelbench_similarity_histogram": histogram(
             [v.metrics.get("kernelbench_max_similarity") for _, v in accepted], SIMILARITY_EDGES),
         **run_info,
@@ -39,6 +40,24 @@ def funnel(records: list[tuple[Candidate, Verdict]]) -> list[dict]:
         rows.append({"stage": stage, "entered": entered, "rejected": rejected_at.get(stage, 0)})
         entered -= rejected_at.get(stage, 0)
     return rows
+
+
+def llm_usage(records: list[tuple[Candidate, Verdict]], accepted: int) -> dict | None:
+    """Token cost of an LLM-composed run: totals, per accepted sample, and what repair won."""
+    answered = [c for c, _ in records if "prompt_tokens" in c.provenance]
+    if not answered:
+        return None
+    prompt = sum(c.provenance["prompt_tokens"] for c in answered)
+    completion = sum(c.provenance["completion_tokens"] for c in answered)
+    return {
+        "answers": len(answered),
+        "answers_from_cache": sum(bool(c.provenance.get("cached")) for c in answered),
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "tokens_per_accepted": round((prompt + completion) / accepted, 1) if accepted else None,
+        "accepted_first_try": sum(v.passed and not c.provenance.get("repair_round") for c, v in records),
+        "accepted_after_repair": sum(v.passed and bool(c.provenance.get("repair_round")) for c, v in records),
+    }
 
 
 def time_by_check(records: list[tuple[Candidate, Verdict]]) -> dict:

@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help="auto, cpu or cuda[:N] (default: auto)")
     run.add_argument("--seed", type=int, help="run seed: the same seed composes the same candidates")
     run.add_argument("--reference", help="KernelBench checkout, folder, Parquet file or Hub id to decontaminate against")
+    run.add_argument("--ops", type=lambda text: [p.strip() for p in text.split(",") if p.strip()],
+                     help="restrict the run to these op names or glob patterns, comma-separated")
+    run.add_argument("--llm-model", help="model name for --composer llm (sets llm.model)")
     run.add_argument("--similarity-threshold", type=float, help="reject above this similarity to the reference (0.9)")
     run.add_argument("--library", dest="libraries", action="append", help="op library to draw from (repeatable)")
     run.add_argument("--workers", type=int, help="sandbox worker processes (0 = auto)")
@@ -106,6 +109,9 @@ def _run(args, beam_args) -> int:
     overrides = {key: value for key, value in vars(args).items() if key not in ("command", "handler", "config")}
     cfg = build_config(args.config, {**overrides, "beam_args": beam_args or None})
     stats = run(cfg)
+    if stats.get("endpoint_down"):
+        print(f"opsynth: error: {stats['stop_reason']}", file=sys.stderr)
+        return 3
     return 0 if stats["accepted"] >= cfg.num_samples else 1
 
 

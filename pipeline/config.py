@@ -16,6 +16,9 @@ from pipeline.composers.template import DEFAULT_OP_COUNT_MIX
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 COMPOSERS = ("template", "llm")
+LLM_DEFAULTS = {"model": None, "base_url": None, "api_key_env": "OPENAI_API_KEY", "temperature": 0.7,
+                "max_tokens": 4096, "timeout_s": 120.0, "concurrency": 8, "max_attempts": 6, "backoff_s": 1.0,
+                "repair_rounds": 1}
 
 
 class ConfigError(ValueError):
@@ -39,6 +42,9 @@ class RunConfig:
     similarity_threshold: float = 0.9
     dedupe_threshold: float = 0.95
     libraries: list = field(default_factory=lambda: ["torch"])
+    ops: list = field(default_factory=list)  # names or glob patterns; empty: every op in the catalog
+    library_mix: dict = field(default_factory=lambda: {"transformers": 0.012})
+    llm: dict = field(default_factory=lambda: dict(LLM_DEFAULTS))
     op_count_mix: dict = field(default_factory=lambda: dict(DEFAULT_OP_COUNT_MIX))
     window_ms: list = field(default_factory=lambda: [1.0, 100.0])
     target_ms: float = 3.0  # where re-sizing aims inside the window (KernelBench's median is ~3 ms)
@@ -69,12 +75,20 @@ class RunConfig:
         _require(mix and all(1 <= k <= 5 and v >= 0 for k, v in mix.items()) and sum(mix.values()) > 0,
                  f"op_count_mix must map op counts 1-5 to non-negative weights, not {self.op_count_mix}")
         self.op_count_mix = mix
+        unknown = sorted(set(self.llm) - set(LLM_DEFAULTS))
+        _require(not unknown, f"unknown llm key(s) {', '.join(unknown)}; valid: {', '.join(sorted(LLM_DEFAULTS))}")
+        self.llm = {**LLM_DEFAULTS, **self.llm}
+        _require(self.llm["concurrency"] >= 1 and self.llm["max_attempts"] >= 1 and self.llm["repair_rounds"] >= 0,
+                 "llm.concurrency and llm.max_attempts must be at least 1, llm.repair_rounds at least 0")
         return self
 
 
 def build_config(config_file: str | None, overrides: dict) -> RunConfig:
     values = load_config_file(config_file) if config_file else {}
+    llm_model = overrides.pop("llm_model", None)
     values.update({key: value for key, value in overrides.items() if value is not None})
+    if llm_model:
+        values["llm"] = {**values.get("llm", {}), "model": llm_model}
     return RunConfig(**coerce(values)).check()
 
 

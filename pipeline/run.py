@@ -30,10 +30,13 @@ from filters.reference import ReferenceSet, ReferenceSetError, load_reference, r
 from filters.sandbox import SandboxOptions
 from filters.similarity import fingerprint
 from operators.catalog import cache_key, load_or_crawl
-from operators.records import Candidate, record_from_json
+from operators.records import Candidate, record_from_json, record_to_json
 from operators.task import task_id
 from outputs.dataset import write_dataset
+from pipeline.composers.llm import LLMSettings
 from pipeline.config import ConfigError, RunConfig
+from pipeline.planning import plan_jobs
+from pipeline.sampling import NoOpsSelected, select_ops
 from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
 
 log = logging.getLogger("opsynth")
@@ -46,6 +49,11 @@ def run(cfg: RunConfig) -> dict:
     out_dir = prepare_out_dir(cfg.out)
     cache_dir = Path(cfg.cache_dir)
     _, catalog = load_or_crawl(cfg.libraries, cache_dir)
+    try:
+        catalog = select_ops(catalog, cfg.ops)
+    except NoOpsSelected as error:
+        raise ConfigError(str(error)) from None
+    llm = llm_settings(cfg)
     log.info("catalog: %d runnable ops from %s", len(catalog), ", ".join(cfg.libraries))
     reference = _load_reference(cfg)
     if not reference:
@@ -58,6 +66,7 @@ def run(cfg: RunConfig) -> dict:
     if records:
         log.info("resuming: %d candidates already decided in %s", len(records), staging)
 
+    down = None
     while True:
         accepted = sum(v.passed for _, v in records)
         if accepted >= cfg.num_samples:
@@ -68,19 +77,55 @@ def run(cfg: RunConfig) -> dict:
                            f"{cfg.num_samples} samples accepted")
             break
         size = round_size(cfg.num_samples - accepted, accepted, len(records), workers, cfg.max_candidates - next_index)
-        path = staging / f"round-{next_index:07d}-{next_index + size:07d}.jsonl"
-        _run_round(cfg, catalog, reference, range(next_index, next_index + size), {c.id for c, _ in records},
+        jobs = plan_jobs(cfg, catalog, records, next_index, size)
+        if not jobs:
+            stop_reason = f"drew every op tuple the selected {len(catalog)} ops allow, with {accepted} accepted"
+            break
+        path = staging / f"round-{next_index:07d}-{next_index + len(jobs):07d}.jsonl"
+        _run_round(cfg, catalog, reference, llm, jobs, {c.id for c, _ in records},
                    device, gpus, workers, cache_dir, out_dir, path)
-        round_records = _read_jsonl(path)
+        round_records, down = _keep_before_endpoint_down(path)
         records = drop_near_duplicates(records + round_records, cfg.dedupe_threshold)
-        next_index += size
+        next_index += len(jobs)
         _log_round(round_records, records, cfg.num_samples)
+        if down:
+            stop_reason = (f"the LLM endpoint stayed down ({down}); the {len(records)} candidates decided so far "
+                           "are kept; fix the endpoint and run the same command again to continue")
+            break
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
     run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started)
     stats = write_dataset(out_dir, records, run_info)
     log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
-    return stats
+    return {**stats, "endpoint_down": down is not None}
+
+
+def llm_settings(cfg: RunConfig) -> LLMSettings | None:
+    if cfg.composer != "llm":
+        return None
+    if not cfg.llm.get("model"):
+        raise ConfigError("--composer llm needs a model: pass --llm-model NAME or set llm.model in the config")
+    if not (cfg.llm.get("base_url") or os.environ.get("OPENAI_BASE_URL") or os.environ.get(cfg.llm["api_key_env"])):
+        raise ConfigError(f"--composer llm needs an endpoint: set OPENAI_BASE_URL (or llm.base_url) for your own "
+                          f"server, or {cfg.llm['api_key_env']} for OpenAI")
+    return LLMSettings(**{**cfg.llm, "target_ms": cfg.target_ms})
+
+
+def _keep_before_endpoint_down(path: Path) -> tuple[list, str | None]:
+    """A round in which the endpoint went down keeps what came before the first job it
+    failed; the rest is rewritten away so that a rerun composes it again."""
+    records = _read_jsonl(path)
+    down = [(c, v) for c, v in records if v.reason == "endpoint_down"]
+    if not down:
+        return records, None
+    first = min(c.provenance["index"] for c, _ in down)
+    kept = [(c, v) for c, v in records if c.provenance["index"] < first]
+    start = int(path.stem.split("-")[1])
+    path.unlink()
+    if kept:
+        path.with_name(f"round-{start:07d}-{first:07d}.jsonl").write_text(
+            "".join(record_to_json(c, v) + "\n" for c, v in kept))
+    return kept, down[0][1].detail
 
 
 def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
@@ -206,13 +251,14 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
             "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None}
 
 
-def _run_round(cfg, catalog, reference, indexes, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
+def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
     sandbox = _sandbox_options(cfg, device, gpus, workers, out_dir)
     check_config = _check_config(cfg, device, sandbox)
     options = PipelineOptions(_beam_args(cfg.beam_args))
     with beam.Pipeline(options=options) as pipeline:
-        indexes_pc = pipeline | "Indexes" >> beam.Create(list(indexes))
-        candidates, compose_rejects = indexes_pc | "Compose" >> ComposeCandidates(catalog, cfg.op_count_mix, cfg.seed)
+        batch = 2 * llm.concurrency if llm else 16
+        candidates, compose_rejects = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> ComposeCandidates(
+            cfg.composer, catalog, cfg.op_count_mix, cfg.seed, llm, str(cache_dir), batch))
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None)
         similar = pipeline | "NoReference" >> beam.Create([])
@@ -266,8 +312,12 @@ def _staging_dir(out_dir: Path, fingerprint: str) -> Path:
 def _fingerprint(cfg: RunConfig, device: str) -> str:
     """What decides the records of a round: change any of it and old rounds no longer apply."""
     keys = ("composer", "seed", "libraries", "op_count_mix", "window_ms", "atol", "rtol", "determinism_tol",
-            "max_task_memory_gb", "reference", "reference_levels", "similarity_threshold")
+            "max_task_memory_gb", "reference", "reference_levels", "similarity_threshold", "ops", "library_mix",
+            "target_ms")
+    llm_keys = ("model", "temperature", "max_tokens", "repair_rounds")
     blob = {key: asdict(cfg)[key] for key in keys} | {"device": device, "catalog": cache_key(cfg.libraries)}
+    if cfg.composer == "llm":
+        blob["llm"] = {key: cfg.llm.get(key) for key in llm_keys}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

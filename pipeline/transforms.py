@@ -16,7 +16,7 @@ from filters.sandbox import SandboxOptions, shared_pool
 from filters.similarity import fingerprint
 from filters.validate import validate
 from operators.records import Candidate, OpSpec, Verdict, record_to_json
-from pipeline.composers.template import CompositionFailed, TemplateComposer
+from pipeline.composers import make_composer
 
 REJECTED = "rejected"
 NAMESPACE = "opsynth"
@@ -27,37 +27,38 @@ def count(stage: str, outcome: str) -> None:
 
 
 class ComposeCandidates(beam.PTransform):
-    """Candidate indexes -> Candidates; an index that yields no chain becomes a reject."""
+    """Jobs ({"index": n, ...}) -> Candidates; a job that yields no task becomes a reject.
+    Jobs are batched so an LLM composer can keep several requests in flight."""
 
-    def __init__(self, catalog: list[OpSpec], op_count_mix: dict, run_seed: int):
+    def __init__(self, kind: str, catalog: list[OpSpec], op_count_mix: dict, run_seed: int,
+                 llm_settings=None, cache_dir: str = "", batch: int = 16):
         super().__init__()
-        self.catalog, self.op_count_mix, self.run_seed = catalog, op_count_mix, run_seed
+        self.args = (kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir)
+        self.batch = batch
 
-    def expand(self, indexes):
-        outputs = indexes | "ComposeEach" >> beam.ParDo(
-            _ComposeFn(self.catalog, self.op_count_mix, self.run_seed)).with_outputs(REJECTED, main="candidates")
+    def expand(self, jobs):
+        outputs = (jobs
+                   | "Batch" >> beam.BatchElements(min_batch_size=self.batch, max_batch_size=self.batch)
+                   | "ComposeEach" >> beam.ParDo(_ComposeFn(*self.args)).with_outputs(REJECTED, main="candidates"))
         return outputs.candidates, outputs[REJECTED]
 
 
 class _ComposeFn(beam.DoFn):
-    def __init__(self, catalog, op_count_mix, run_seed):
-        self.catalog, self.op_count_mix, self.run_seed = catalog, op_count_mix, run_seed
+    def __init__(self, kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir):
+        self.kind, self.catalog, self.op_count_mix = kind, catalog, op_count_mix
+        self.run_seed, self.llm_settings, self.cache_dir = run_seed, llm_settings, cache_dir
 
     def setup(self):
-        self.composer = TemplateComposer(self.catalog, self.op_count_mix)
+        self.composer = make_composer(self.kind, self.catalog, self.op_count_mix, self.llm_settings, self.cache_dir)
 
-    def process(self, index: int):
-        try:
-            candidate = self.composer.compose(index, self.run_seed)
-        except CompositionFailed as failure:
-            count("compose", "compose_failed")
-            placeholder = Candidate(f"compose-{self.run_seed}-{index}", (), "", "", self.composer.name,
-                                    self.run_seed, {"index": index})
-            yield beam.pvalue.TaggedOutput(REJECTED, (placeholder, Verdict(placeholder.id, "compose", False,
-                                                                             "compose_failed", str(failure))))
-            return
-        count("compose", "composed")
-        yield candidate
+    def process(self, jobs: list[dict]):
+        for result in self.composer.compose_many(jobs, self.run_seed):
+            if isinstance(result, tuple):
+                count("compose", result[1].reason)
+                yield beam.pvalue.TaggedOutput(REJECTED, result)
+            else:
+                count("compose", "composed")
+                yield result
 
 
 class DropDuplicates(beam.PTransform):

@@ -1,1 +1,20 @@
-"""Composers turn op tuples into candidate tasks: `template` (offline) and `llm`."""
+"""Composers turn jobs into candidate tasks: `template` (offline) and `llm`.
+
+A composer has a `name` and `compose_many(jobs, run_seed)`, which returns, per job, a
+Candidate or a (placeholder Candidate, Verdict) reject. The registry is explicit.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from operators.records import OpSpec
+
+
+def make_composer(kind: str, catalog: list[OpSpec], op_count_mix: dict, llm_settings, cache_dir: str):
+    if kind == "template":
+        from pipeline.composers.template import TemplateComposer
+        return TemplateComposer(catalog, op_count_mix)
+    if kind == "llm":
+        from pipeline.composers.llm import LLMComposer
+        return LLMComposer(catalog, llm_settings, Path(cache_dir))
+    raise ValueError(f"unknown composer {kind!r}; known: template, llm")

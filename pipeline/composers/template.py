@@ -10,7 +10,7 @@ import random
 from collections import Counter
 
 from operators.layouts import LAYOUTS
-from operators.records import Candidate, OpSpec
+from operators.records import Candidate, OpSpec, Verdict
 from operators.task import BoundOp, bind, chain_output, render_task, task_id
 
 # CUDA-Agent-Ops-6K's op-count mix (share of tasks fusing 1..5 ops).
@@ -31,6 +31,18 @@ class TemplateComposer:
             raise ValueError("the operator catalog is empty: crawl at least one library")
         self.catalog = sorted(catalog, key=lambda spec: spec.name)
         self.op_count_mix = dict(op_count_mix or DEFAULT_OP_COUNT_MIX)
+
+    def compose_many(self, jobs: list[dict], run_seed: int) -> list:
+        """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits."""
+        results = []
+        for job in jobs:
+            try:
+                results.append(self.compose(job["index"], run_seed))
+            except CompositionFailed as failure:
+                placeholder = Candidate(f"compose-{run_seed}-{job['index']}", (), "", "", self.name, run_seed,
+                                        {"index": job["index"]})
+                results.append((placeholder, Verdict(placeholder.id, "compose", False, "compose_failed", str(failure))))
+        return results
 
     def compose(self, index: int, run_seed: int) -> Candidate:
         rng = random.Random(f"{run_seed}:{index}")

@@ -24,9 +24,10 @@ def test_drop_duplicates_keeps_the_first_and_names_it():
                     label="rejected")
 
 
-def test_compose_turns_every_index_into_exactly_one_candidate(torch_catalog):
+def test_compose_turns_every_job_into_exactly_one_candidate(torch_catalog):
     with TestPipeline() as p:
-        candidates, rejected = p | beam.Create(range(6)) | ComposeCandidates(torch_catalog[0], {2: 1.0}, 1)
+        jobs = p | beam.Create([{"index": i} for i in range(6)])
+        candidates, rejected = jobs | ComposeCandidates("template", torch_catalog[0], {2: 1.0}, 1, batch=4)
         assert_that(candidates | beam.Map(lambda c: (c.provenance["index"], len(c.ops))),
                     equal_to([(i, 2) for i in range(6)]), label="composed")
         assert_that(rejected, equal_to([]), label="none rejected")

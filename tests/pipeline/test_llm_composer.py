@@ -1,0 +1,200 @@
+"""The LLM composer against a stand-in OpenAI-compatible server on 127.0.0.1, through the
+real `openai` client: faults, bad answers, caching, and a dead endpoint."""
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import openai
+import pyarrow.parquet as pq
+import pytest
+
+from operators.records import OpSpec
+from pipeline.composers.llm import LLMComposer, LLMSettings, check_answer, retry_delay
+from pipeline.sampling import NoOpsSelected, sample_tuples, select_ops
+from tests.llm_standin import LLMStandIn, fused_task
+
+try:  # the HTTP package the installed openai client is built on
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
+OPS = ["torch.nn.Linear", "torch.nn.ReLU", "torch.nn.GELU"]
+
+
+@pytest.fixture(scope="module")
+def catalog(torch_catalog):
+    return select_ops(torch_catalog[0], OPS)
+
+
+def settings(base_url, **overrides):
+    return LLMSettings(**{"model": "standin-1", "base_url": base_url, "concurrency": 1, "backoff_s": 0.05,
+                          "timeout_s": 1.0, "max_attempts": 5, **overrides})
+
+
+def test_faults_are_retried_and_bad_answers_become_rejects_with_reasons(catalog, tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    faults = ["429", "500", "hang", "no_code", "bad_interface", "missing_op", "refusal"]
+    tuples = [OPS[:2], OPS[1:], [OPS[2], OPS[0]], OPS[:1], [OPS[1], OPS[0]]]
+    jobs = [{"index": i, "ops": ops} for i, ops in enumerate(tuples)]
+    with LLMStandIn(faults, hang_s=3.0) as llm:
+        composer = LLMComposer(catalog, settings(llm.base_url), tmp_path)
+        results = composer.compose_many(jobs, run_seed=0)
+        assert llm.requests == 8  # the first job retries a 429, a 500 and a timeout, then one request each
+    assert [r[1].reason for r in results[:4]] == ["no_code", "bad_interface", "missing_op", "no_code"]
+    assert all(r[1].stage == "compose" for r in results[:4])
+    last = results[4]
+    assert last.ops == ("torch.nn.Linear", "torch.nn.ReLU") and last.composer == "llm:standin-1"
+    assert last.provenance["prompt_tokens"] > 0 and last.provenance["prompt_version"] == "compose_v1"
+
+
+def test_a_rerun_is_served_from_the_cache(catalog, tmp_path):
+    jobs = [{"index": i, "ops": ops} for i, ops in enumerate([OPS[:2], OPS[1:], OPS])]
+    with LLMStandIn() as llm:
+        first = LLMComposer(catalog, settings(llm.base_url, concurrency=3), tmp_path).compose_many(jobs, 0)
+        sent = llm.requests
+        again = LLMComposer(catalog, settings(llm.base_url, concurrency=3), tmp_path).compose_many(jobs, 0)
+        assert sent == 3 and llm.requests == 3
+    assert [c.code for c in first] == [c.code for c in again]
+    assert all(c.provenance["cached"] for c in again)
+
+
+def test_an_endpoint_that_stays_down_fails_fast_after_the_first_exhausted_request(catalog, tmp_path):
+    with LLMStandIn(["500"] * 10) as llm:
+        composer = LLMComposer(catalog, settings(llm.base_url, max_attempts=3), tmp_path)
+        results = composer.compose_many([{"index": i, "ops": OPS[:1]} for i in range(4)], 0)
+        assert llm.requests == 3  # one request's three attempts; the rest never sent
+    assert {r[1].reason for r in results} == {"endpoint_down"}
+
+
+def test_retry_decisions_are_a_pure_function():
+    s = settings("http://x", max_attempts=4, backoff_s=1.0)
+    request = httpx.Request("POST", "http://x/v1/chat/completions")
+
+    def status(code, headers=None):
+        response = httpx.Response(code, headers=headers or {}, request=request)
+        return openai.APIStatusError("e", response=response, body=None)
+
+    assert retry_delay(status(429, {"retry-after": "3"}), 0, s) == 3.0
+    assert retry_delay(status(503), 2, s) == 4.0
+    assert retry_delay(status(400), 0, s) is None and retry_delay(status(401), 0, s) is None
+    assert retry_delay(openai.APITimeoutError(request=request), 0, s) == 1.0
+    assert retry_delay(openai.APIConnectionError(request=request), 1, s) == 2.0
+    assert retry_delay(status(500), 3, s) is None  # the last attempt
+    assert retry_delay(ValueError("bug"), 0, s) is None
+
+
+def test_answers_are_checked_by_ast_and_record_the_ops_really_used(catalog):
+    code = fused_task(["torch.nn.Linear", "torch.nn.ReLU"]).replace("x = self.op1(x)", "x = torch.relu(x)")
+    checked = check_answer(f"```python\n{code}```", ("torch.nn.Linear", "torch.nn.ReLU"), catalog)
+    assert checked[1] == ("torch.nn.Linear", "torch.nn.ReLU")  # torch.relu counts as ReLU
+    assert check_answer("```python\ndef (:\n```", ("torch.nn.ReLU",), catalog)[1] == "bad_interface"
+    assert check_answer("", ("torch.nn.ReLU",), catalog)[1] == "no_code"
+
+
+def test_sampling_covers_every_op_before_reuse_and_never_repeats_a_tuple(torch_catalog):
+    catalog = torch_catalog[0]
+    tuples = sample_tuples(catalog, 400, {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}, {}, seed=3)
+    assert len(set(tuples)) == len(tuples) == 400
+    first_uses = Counter()
+    names = {spec.name for spec in catalog}
+    for ops in tuples:
+        if set(first_uses) != names:
+            assert all(first_uses[op] == 0 for op in ops if set(first_uses) | set(ops) <= names), ops
+        first_uses.update(ops)
+    assert set(first_uses) == names  # 400 tuples of ~2 ops cover all the catalog's ops
+    assert max(first_uses.values()) - min(first_uses.values()) <= 2
+    small = sample_tuples(select_ops(catalog, OPS), 100, {2: 1.0}, {}, seed=0)
+    assert len(small) == 6  # every ordered pair of three ops, then it stops
+
+
+def test_library_mix_and_op_globs(torch_catalog):
+    catalog = list(torch_catalog[0])
+    plugin = [OpSpec(f"mylib.op{i}", "mylib", "function", ("features",), ("features",)) for i in range(3)]
+    tuples = sample_tuples(catalog + plugin, 1000, {2: 1.0}, {"mylib": 0.05}, seed=1)
+    share = sum(t[0].startswith("mylib.") for t in tuples) / len(tuples)
+    assert share >= 0.05
+    assert {s.name for s in select_ops(catalog, ["torch.nn.Conv?d"])} == {
+        "torch.nn.Conv1d", "torch.nn.Conv2d", "torch.nn.Conv3d"}
+    with pytest.raises(NoOpsSelected, match="matches no operator"):
+        select_ops(catalog, ["nothing.*"])
+
+
+@pytest.mark.slow
+def test_run_with_the_llm_composer_through_faults_then_a_rerun_sends_nothing(tmp_path, cache_dir):
+    faults = ["429", "500", "no_code", "missing_op", "bad_interface", "hang"]
+    out = tmp_path / "llm-run"
+    with LLMStandIn(faults, hang_s=4.0) as llm:
+        env = {**os.environ, "OPENAI_BASE_URL": llm.base_url}
+        env.pop("OPENAI_API_KEY", None)
+        command = [sys.executable, "-m", "pipeline.cli", "run", "--composer", "llm", "--llm-model", "standin-1",
+                   "--ops", ",".join(OPS), "--num-samples", "4", "--max-candidates", "20", "--out", str(out),
+                   "--cache-dir", str(cache_dir), "--workers", "2", "--config", str(_fast_llm_config(tmp_path))]
+        first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+        assert first.returncode == 0, first.stderr[-3000:]
+        sent = llm.requests
+        again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert llm.requests == sent  # the rerun sends zero requests
+    samples = pq.read_table(out / "data").to_pylist()
+    assert len(samples) >= 4 and all(row["composer"] == "llm:standin-1" for row in samples)
+    assert all(set(row["ops"]) <= set(OPS) for row in samples)
+    rejects = {row["reason"] for row in pq.read_table(out / "rejects").to_pylist()}
+    assert {"no_code", "missing_op", "bad_interface"} <= rejects
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["llm"]["tokens_per_accepted"] > 0 and stats["llm"]["answers"] >= stats["composed"] - 1
+    assert stats["composed"] == stats["accepted"] + stats["rejected"]
+
+
+def test_a_fixable_reject_goes_back_with_its_verdict_and_provenance_records_the_round(catalog, tmp_path):
+    from types import SimpleNamespace
+
+    from operators.records import Candidate, Verdict
+    from pipeline.planning import plan_jobs
+
+    rejected = Candidate("c1", tuple(OPS[:2]), "torch#2", fused_task(OPS[:1]), "llm:standin-1", 0,
+                         {"index": 0, "requested_ops": OPS[:2], "repair_round": 0})
+    records = [(rejected, Verdict("c1", "compose", False, "missing_op", "the code does not use torch.nn.ReLU"))]
+    cfg = SimpleNamespace(composer="llm", llm={"repair_rounds": 1}, op_count_mix={2: 1.0}, library_mix={}, seed=0)
+    jobs = plan_jobs(cfg, catalog, records, next_index=1, size=2)
+    assert jobs[0]["repair_of"]["id"] == "c1" and jobs[0]["repair_of"]["reason"] == "missing_op"
+    assert jobs[0]["index"] == 1 and "repair_of" not in jobs[1]
+    with LLMStandIn() as llm:
+        [repaired] = LLMComposer(catalog, settings(llm.base_url), tmp_path).compose_many(jobs[:1], 0)
+    assert repaired.provenance["repair_of"] == "c1" and repaired.provenance["repair_round"] == 1
+    assert repaired.provenance["prompt_version"] == "repair_v1" and set(repaired.ops) == set(OPS[:2])
+    records.append((repaired, Verdict(repaired.id, "accepted", True)))
+    assert not [job for job in plan_jobs(cfg, catalog, records, 3, 2) if "repair_of" in job]  # repaired once
+
+
+def _fast_llm_config(tmp_path):
+    path = tmp_path / "llm.yaml"
+    path.write_text("llm:\n  timeout_s: 2\n  backoff_s: 0.05\n  concurrency: 4\n")
+    return path
+
+
+def test_a_dead_endpoint_ends_the_run_with_a_clear_message_and_keeps_nothing_half_done(tmp_path, cache_dir):
+    out = tmp_path / "down"
+    env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    config = tmp_path / "down.yaml"
+    config.write_text("llm:\n  timeout_s: 1\n  backoff_s: 0.01\n  max_attempts: 2\n")
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--composer", "llm", "--llm-model", "m", "--ops",
+               ",".join(OPS), "--num-samples", "2", "--out", str(out), "--cache-dir", str(cache_dir),
+               "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 3 and "the LLM endpoint stayed down" in done.stderr
+    assert "run the same command again" in done.stderr
+    assert json.loads((out / "stats.json").read_text())["composed"] == 0
+
+
+def test_llm_composer_needs_a_model_and_an_endpoint(tmp_path, capsys, monkeypatch):
+    from pipeline.cli import main
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main(["run", "--composer", "llm", "--out", str(tmp_path), "--cache-dir", str(tmp_path)]) == 2
+    assert "needs a model" in capsys.readouterr().err
+    assert main(["run", "--composer", "llm", "--llm-model", "m", "--out", str(tmp_path), "--cache-dir",
+                 str(tmp_path)]) == 2
+    assert "needs an endpoint" in capsys.readouterr().err
