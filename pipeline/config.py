@@ -105,7 +105,21 @@ def load_config_file(name: str) -> dict:
         raise ConfigError(f"{path} is not valid YAML: {error}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config keys, not a {type(data).__name__}")
-    return {str(key).replace("-", "_"): value for key, value in data.items()}
+    return {str(key).replace("-", "_"): _expand(value, path) for key, value in data.items()}
+
+
+def _expand(value, path: Path):
+    """${VAR} in a string value is the environment variable; an unset one is an error."""
+    if isinstance(value, dict):
+        return {key: _expand(item, path) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_expand(item, path) for item in value]
+    if isinstance(value, str) and "$" in value:
+        expanded = os.path.expandvars(value)
+        if "${" in expanded:
+            raise ConfigError(f"{path}: {value} names an environment variable that is not set; set it and retry")
+        return expanded
+    return value
 
 
 def coerce(values: dict) -> dict:

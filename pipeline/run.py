@@ -17,6 +17,7 @@ import platform
 import shutil
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -36,6 +37,7 @@ from outputs.dataset import write_dataset
 from pipeline.composers.llm import LLMSettings
 from pipeline.config import ConfigError, RunConfig
 from pipeline.planning import plan_jobs
+from pipeline.progress import Progress
 from pipeline.sampling import NoOpsSelected, select_ops
 from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
 
@@ -47,6 +49,7 @@ def run(cfg: RunConfig) -> dict:
     started = time.monotonic()
     device, gpus = resolve_device(cfg.device)
     out_dir = prepare_out_dir(cfg.out)
+    _log_to(out_dir / "run.log")
     cache_dir = Path(cfg.cache_dir)
     _, catalog = load_or_crawl(cfg.libraries, cache_dir)
     try:
@@ -66,6 +69,22 @@ def run(cfg: RunConfig) -> dict:
     if records:
         log.info("resuming: %d candidates already decided in %s", len(records), staging)
 
+    down = None
+    status = Progress(cfg.num_samples, sum(v.passed for _, v in records))
+    with status:
+        stop_reason, records, down = _rounds(cfg, catalog, reference, llm, records, next_index, staging, device, gpus,
+                                             workers, cache_dir, out_dir, status)
+
+    (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
+    run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started)
+    stats = write_dataset(out_dir, records, run_info)
+    log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
+    return {**stats, "endpoint_down": down is not None}
+
+
+def _rounds(cfg, catalog, reference, llm, records, next_index, staging, device, gpus, workers, cache_dir, out_dir,
+            status):
+    """Compose and validate round after round; returns (why it stopped, records, endpoint down?)."""
     down = None
     while True:
         accepted = sum(v.passed for _, v in records)
@@ -87,17 +106,13 @@ def run(cfg: RunConfig) -> dict:
         round_records, down = _keep_before_endpoint_down(path)
         records = drop_near_duplicates(records + round_records, cfg.dedupe_threshold)
         next_index += len(jobs)
-        _log_round(round_records, records, cfg.num_samples)
+        status.sync(sum(v.passed for _, v in records), Counter(v.reason for _, v in records if not v.passed))
+        log.info("round of %d done: %s", len(round_records), status.line())
         if down:
             stop_reason = (f"the LLM endpoint stayed down ({down}); the {len(records)} candidates decided so far "
                            "are kept; fix the endpoint and run the same command again to continue")
             break
-
-    (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
-    run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started)
-    stats = write_dataset(out_dir, records, run_info)
-    log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
-    return {**stats, "endpoint_down": down is not None}
+    return stop_reason, records, down
 
 
 def llm_settings(cfg: RunConfig) -> LLMSettings | None:
@@ -260,7 +275,8 @@ def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, work
         candidates, compose_rejects = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> ComposeCandidates(
             cfg.composer, catalog, cfg.op_count_mix, cfg.seed, llm, str(cache_dir), batch))
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
-        accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None)
+        accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
+                                                                      str(cache_dir / "verdicts"))
         similar = pipeline | "NoReference" >> beam.Create([])
         if reference:
             accepted, similar = accepted | "Decontaminate" >> Decontaminate(reference.fingerprints,
@@ -329,15 +345,14 @@ def _read_jsonl(path: Path) -> list:
     return [record_from_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _log_round(round_records, records, target) -> None:
-    accepted = sum(v.passed for _, v in records)
-    reasons: dict[str, int] = {}
-    for _, verdict in round_records:
-        if not verdict.passed:
-            reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
-    summary = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])) or "none"
-    log.info("round of %d: %d accepted; total %d/%d accepted of %d composed; rejects: %s",
-             len(round_records), sum(v.passed for _, v in round_records), accepted, target, len(records), summary)
+def _log_to(path: Path) -> None:
+    """Everything the run logs also goes to a file in the output folder."""
+    root = logging.getLogger()
+    if not any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in root.handlers):
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(min(root.level or logging.INFO, logging.INFO))
 
 
 def _run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time_s: float) -> dict:

@@ -15,7 +15,9 @@ from filters.decontaminate import SimilarityIndex
 from filters.sandbox import SandboxOptions, shared_pool
 from filters.similarity import fingerprint
 from filters.validate import validate
+from filters.verdict_store import VerdictStore
 from operators.records import Candidate, OpSpec, Verdict, record_to_json
+from pipeline import progress
 from pipeline.composers import make_composer
 
 REJECTED = "rejected"
@@ -99,30 +101,36 @@ class ValidateCandidates(beam.PTransform):
     """Static check, then every execution check in the sandbox pool; batches keep all the
     pool's workers busy at once."""
 
-    def __init__(self, sandbox: SandboxOptions, check_config: dict, workers: int, gpus: list[int] | None):
+    def __init__(self, sandbox: SandboxOptions, check_config: dict, workers: int, gpus: list[int] | None,
+                 store_dir: str | None = None):
         super().__init__()
         self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
+        self.store_dir = store_dir
 
     def expand(self, candidates):
         # Each batch ends when its slowest candidate does; larger batches pay that less often.
         batch = 8 * self.workers
         outputs = (candidates
                    | "Batch" >> beam.BatchElements(min_batch_size=batch, max_batch_size=batch)
-                   | "RunChecks" >> beam.ParDo(_ValidateBatch(self.sandbox, self.check_config, self.workers, self.gpus))
+                   | "RunChecks" >> beam.ParDo(_ValidateBatch(self.sandbox, self.check_config, self.workers, self.gpus,
+                                                             self.store_dir))
                    .with_outputs(REJECTED, main="accepted"))
         return outputs.accepted, outputs[REJECTED]
 
 
 class _ValidateBatch(beam.DoFn):
-    def __init__(self, sandbox, check_config, workers, gpus):
+    def __init__(self, sandbox, check_config, workers, gpus, store_dir):
         self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
+        self.store_dir = store_dir
 
     def setup(self):
         self.pool = shared_pool(self.workers, self.sandbox, self.gpus)
+        self.store = VerdictStore(self.store_dir) if self.store_dir else None
 
     def process(self, batch: list[Candidate]):
-        for candidate, verdict in zip(batch, validate(batch, self.pool, self.check_config)):
+        for candidate, verdict in zip(batch, validate(batch, self.pool, self.check_config, store=self.store)):
             count(verdict.stage, "passed" if verdict.passed else verdict.reason)
+            progress.report(verdict.passed, verdict.reason)
             if verdict.passed:
                 yield candidate, verdict
             else:

@@ -33,5 +33,16 @@ def test_bad_config_is_a_clear_error(tmp_path, text, message):
 
 
 def test_missing_config_file_lists_the_recipes():
-    with pytest.raises(ConfigError, match="shipped recipes: demo"):
+    with pytest.raises(ConfigError, match="shipped recipes: demo, ops6k"):
         build_config("no-such-file.yaml", {})
+
+
+def test_ops6k_recipe_reads_its_reference_from_the_environment(monkeypatch):
+    monkeypatch.delenv("KERNELBENCH", raising=False)
+    with pytest.raises(ConfigError, match=r"\$\{KERNELBENCH\} names an environment variable that is not set"):
+        build_config("ops6k", {})
+    monkeypatch.setenv("KERNELBENCH", "/data/KernelBench")
+    cfg = build_config("ops6k", {"llm_model": "my-model"})
+    assert (cfg.num_samples, cfg.composer, cfg.device, cfg.reference) == (6000, "llm", "cuda", "/data/KernelBench")
+    assert cfg.op_count_mix == {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
+    assert cfg.llm["model"] == "my-model" and cfg.llm["repair_rounds"] == 1

@@ -1,0 +1,72 @@
+"""Progress of a run: a live status line in a terminal, plain log lines otherwise.
+
+The validate stage reports each verdict as it is decided (`report`), which the live line
+shows when Beam runs the stages in this process (the DirectRunner's default mode). Under a
+multi-process or remote runner the line moves once a round, from the round's records.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+
+_ACTIVE: "Progress | None" = None
+
+
+def report(passed: bool, reason: str) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.record(passed, reason)
+
+
+class Progress:
+    def __init__(self, target: int, already_accepted: int = 0, stream=None):
+        self.target, self.stream = target, stream or sys.stderr
+        self.accepted, self.rejected = already_accepted, Counter()
+        self.started, self.base = time.monotonic(), already_accepted
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def record(self, passed: bool, reason: str) -> None:
+        with self.lock:
+            if passed:
+                self.accepted += 1
+            else:
+                self.rejected[reason] += 1
+
+    def sync(self, accepted: int, rejected: Counter) -> None:
+        """Align with the decided records at the end of a round (dedupe and decontamination
+        may have changed verdicts after validation)."""
+        with self.lock:
+            self.accepted, self.rejected = accepted, Counter(rejected)
+
+    def line(self) -> str:
+        with self.lock:
+            elapsed = max(time.monotonic() - self.started, 1e-9)
+            rate = (self.accepted - self.base) / elapsed
+            left = self.target - self.accepted
+            eta = f"{left / rate:.0f} s" if rate > 0 and left > 0 else "-"
+            top = ", ".join(f"{reason} {n}" for reason, n in self.rejected.most_common(4)) or "none"
+            return (f"accepted {self.accepted}/{self.target} | rejected {sum(self.rejected.values())} ({top}) | "
+                    f"{rate * 3600:.0f} accepted/h | ETA {eta}")
+
+    def __enter__(self):
+        global _ACTIVE
+        _ACTIVE = self
+        if self.live:
+            threading.Thread(target=self._refresh, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        global _ACTIVE
+        _ACTIVE = None
+        self.stopped.set()
+        if self.live:
+            self.stream.write("\r\x1b[2K" + self.line() + "\n")
+            self.stream.flush()
+
+    def _refresh(self) -> None:
+        while not self.stopped.wait(0.5):
+            self.stream.write("\r\x1b[2K" + self.line())
+            self.stream.flush()
