@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -62,7 +63,7 @@ def run(cfg: RunConfig) -> dict:
     if not reference:
         log.warning("NO REFERENCE BENCHMARK (--reference): tasks are NOT decontaminated against KernelBench; "
                     "the dataset card will say so")
-    workers = cfg.workers or default_workers(device, gpus)
+    workers = cfg.workers or default_workers(device, gpus, cfg.beam_args)
     staging = _staging_dir(out_dir, _fingerprint(cfg, device))
     records = drop_near_duplicates(_read_rounds(staging), cfg.dedupe_threshold)
     next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
@@ -149,7 +150,7 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     device, gpus = resolve_device(cfg.device)
     out_dir = prepare_out_dir(cfg.out)
     candidates = external_candidates(tasks)
-    workers = cfg.workers or default_workers(device, gpus)
+    workers = cfg.workers or default_workers(device, gpus, cfg.beam_args)
     path = out_dir / ".staging" / "validate.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     sandbox = _sandbox_options(cfg, device, gpus, workers, out_dir)
@@ -215,11 +216,22 @@ def resolve_device(requested: str) -> tuple[str, list[int]]:
     return "cuda", list(range(torch.cuda.device_count()))
 
 
-def default_workers(device: str, gpus: list[int]) -> int:
-    """One worker a core, at most 8 (on a GPU host: 8 per GPU). Compilation and the
-    correctness checks run on the cores in parallel; timing takes turns on each GPU."""
+def default_workers(device: str, gpus: list[int], beam_args: list[str] = ()) -> int:
+    """One sandbox worker a core, at most 8 (on a GPU host: 8 per GPU). Compilation and the
+    correctness checks run on the cores in parallel; timing takes turns on each GPU. Under
+    the multi-process DirectRunner every Beam process has its own pool: they share the cores."""
     cores = os.cpu_count() or 1
-    return max(1, min(cores, 8 * len(gpus))) if device == "cuda" else max(1, min(cores, 8))
+    processes = _beam_processes(beam_args)
+    per_host = min(cores, 8 * len(gpus)) if device == "cuda" else min(cores, 8)
+    return max(1, per_host // processes)
+
+
+def _beam_processes(beam_args) -> int:
+    args = " ".join(beam_args)
+    if "multi_processing" not in args:
+        return 1
+    found = re.search(r"--direct_num_workers[= ](\d+)", args)
+    return max(1, int(found.group(1))) if found else 1
 
 
 def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int) -> int:
