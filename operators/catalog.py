@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from operators.sources import source_for
 from operators.records import OpSpec, SkippedOp
 
 log = logging.getLogger(__name__)
-CATALOG_VERSION = "1"  # bump when probing rules change, so cached catalogs are rebuilt
+CATALOG_VERSION = "2"  # bump when probing rules change, so cached catalogs are rebuilt
 
 CATALOG_SCHEMA = pa.schema([
     ("name", pa.string()), ("library", pa.string()), ("kind", pa.string()),
@@ -27,15 +28,21 @@ CATALOG_SCHEMA = pa.schema([
 
 
 def crawl(libraries: list[str]) -> tuple[list[OpSpec], list[SkippedOp]]:
-    specs, skipped, seen = [], [], set()
-    for library in libraries:
-        source = source_for(library)
-        for name, obj in source():
-            if name in seen:
-                continue
-            seen.add(name)
-            result = probe(obj, name, library.split(".")[0])
-            (specs if isinstance(result, OpSpec) else skipped).append(result)
+    """Probe every op each source yields. An op seen twice (by signature, then with an
+    OpInfo sample) keeps the first runnable result; a skip is replaced by a later success."""
+    results: dict[str, OpSpec | SkippedOp] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for library in libraries:
+            for entry in source_for(library)():
+                name, obj, recipe = (*entry, None) if len(entry) == 2 else entry
+                if isinstance(results.get(name), OpSpec):
+                    continue
+                result = probe(obj, name, library.split(".")[0], recipe)
+                if name not in results or isinstance(result, OpSpec):
+                    results[name] = result
+    specs = [r for r in results.values() if isinstance(r, OpSpec)]
+    skipped = [r for r in results.values() if isinstance(r, SkippedOp)]
     log.info("crawled %s: %d runnable, %d skipped", ",".join(libraries), len(specs), len(skipped))
     return specs, skipped
 

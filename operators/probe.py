@@ -8,6 +8,7 @@ layout when it returns one floating tensor that is not a view of its input.
 from __future__ import annotations
 
 import inspect
+import json
 import warnings
 
 import torch
@@ -40,15 +41,22 @@ class ProbeFailure(Exception):
     """The op ran (or failed to) in a way that rules it out; args[0] is the reason code."""
 
 
-def probe(obj, name: str, library: str) -> OpSpec | SkippedOp:
+def probe(obj, name: str, library: str, recipe: dict | None = None) -> OpSpec | SkippedOp:
+    """`recipe`, when a source knows working call arguments, is tried instead of probing."""
     kind = MODULE if isinstance(obj, type) else FUNCTION
     reason = exclusion_reason(name)
     if reason:
         return SkippedOp(name, library, kind, reason)
     try:
-        recipes = module_recipes(obj) if kind == MODULE else function_recipes(obj)
+        if recipe is not None:
+            json.dumps(recipe)  # recipes are stored as JSON
+            recipes = [recipe]
+        else:
+            recipes = module_recipes(obj) if kind == MODULE else function_recipes(obj)
     except ProbeFailure as failure:
         return SkippedOp(name, library, kind, failure.args[0], failure.args[1] if len(failure.args) > 1 else "")
+    except TypeError as error:
+        return SkippedOp(name, library, kind, "unstorable_args", str(error)[:200])
     spec = None
     failures = []
     for recipe in recipes:
@@ -123,11 +131,12 @@ def _run_once(obj, kind, recipe, layout_name):
     layout = LAYOUTS[layout_name]
     shape = PROBE_SIZES[layout_name]
     args = {key: resolve(value, shape, layout.channel_axis) for key, value in recipe.items()}
+    positional = args.pop("__args__", ())
     x = torch.rand(shape)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            out = obj(**args).eval()(x) if kind == MODULE else obj(x, **args)
+            out = obj(**args).eval()(x) if kind == MODULE else obj(x, *positional, **args)
     except Exception as error:  # any failure of a foreign op on this input rules the layout out
         raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
     _check_output(out, x)

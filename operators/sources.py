@@ -15,7 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ENTRY_POINT_GROUP = "opsynth.op_sources"
-OpSource = Callable[[], Iterable[tuple[str, object]]]
+# A source yields (qualified name, object) pairs, or (name, object, call recipe) when it
+# knows arguments that work (torch's OpInfo samples); the prober fills in the rest.
+OpSource = Callable[[], Iterable[tuple]]
 
 
 class UnknownLibrary(ValueError):
@@ -37,6 +39,54 @@ def torch_ops() -> Iterable[tuple[str, object]]:
         obj = getattr(torch, attr)
         if callable(obj) and not isinstance(obj, type) and hasattr(torch.Tensor, attr) and not attr.startswith("_"):
             yield f"torch.{attr}", obj
+    yield from opinfo_ops()
+
+
+def opinfo_ops() -> Iterable[tuple]:
+    """torch's own registry of ops with sample inputs known to be valid (OpInfo op_db; it
+    needs the expecttest package). Each op comes with the arguments of its first sample
+    whose input is one float tensor and whose other arguments are plain values."""
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except Exception:  # an older or trimmed torch without the registry: signature probing only
+        return
+    seen = set()
+    for info in op_db:
+        name = "torch." + info.name
+        obj = _resolve(name)
+        if name in seen or obj is None:
+            continue
+        recipe = _sample_recipe(info)
+        if recipe is not None:
+            seen.add(name)
+            yield name, obj, recipe
+
+
+def _resolve(name: str):
+    target = torch
+    for part in name.split(".")[1:]:
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target if callable(target) and not isinstance(target, type) else None
+
+
+def _sample_recipe(info) -> dict | None:
+    try:
+        samples = info.sample_inputs("cpu", torch.float32)
+        for sample in samples:
+            values = list(sample.args) + list(sample.kwargs.values())
+            if (isinstance(sample.input, torch.Tensor) and sample.input.dim() >= 1
+                    and all(isinstance(v, (int, float, bool, str, tuple, list, type(None))) for v in values)
+                    and not any(isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v)
+                                for v in values)):
+                recipe = dict(sample.kwargs)
+                if sample.args:
+                    recipe["__args__"] = list(sample.args)
+                return recipe
+    except Exception:  # a registry entry that cannot build samples here
+        return None
+    return None
 
 
 def module_ops(module_name: str) -> OpSource:

@@ -64,7 +64,8 @@ def _run_chain(chain, shape, device):
             op = load_op(bound.spec.name)
             if bound.spec.kind == MODULE:
                 op = op(**bound.init_kwargs).eval()
-            x = op(x, **bound.call_kwargs)
+            kwargs = dict(bound.call_kwargs)
+            x = op(x, *kwargs.pop("__args__", ()), **kwargs)
     return x
 
 
@@ -125,7 +126,8 @@ def _model_class(chain: list[BoundOp], slugs: list[str], init_params: list[str])
 
 
 def _call_expr(slug: str, bound: BoundOp) -> str:
-    kwargs = "".join(f", {key}={value!r}" for key, value in bound.call_kwargs.items())
+    positional = "".join(f", {value!r}" for value in bound.call_kwargs.get("__args__", ()))
+    kwargs = positional + "".join(f", {key}={value!r}" for key, value in bound.call_kwargs.items() if key != "__args__")
     if bound.spec.kind == MODULE:
         return f"self.{slug}(x{kwargs})"
     return f"{call_path(bound.spec.name)}(x{kwargs})"

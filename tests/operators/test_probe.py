@@ -71,3 +71,13 @@ def test_torch_crawl_covers_modules_functional_and_tensor_ops(torch_catalog):
     assert len(specs) >= 150
     assert names.isdisjoint(s.name for s in skipped)
     assert all(spec.seed_code for spec in specs)
+
+
+def test_opinfo_samples_supply_arguments_that_signature_probing_cannot(torch_catalog):
+    specs = {spec.name: spec for spec in torch_catalog[0]}
+    roll = specs["torch.roll"]
+    assert roll.call_args.get("__args__") and "torch.roll(x, " in roll.seed_code
+    namespace = {}
+    exec(roll.seed_code, namespace)
+    namespace["Model"](*namespace["get_init_inputs"]())(*namespace["get_inputs"]())
+    assert len(specs) >= 250 and any(name.startswith("torch.special.") for name in specs)
