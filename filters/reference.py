@@ -35,16 +35,22 @@ def load_reference(source: str, levels: tuple[int, ...] = DEFAULT_LEVELS) -> Ref
     if not tasks:
         raise ReferenceSetError(f"--reference {source} holds no tasks for levels {list(levels)}; "
                                 "point it at a KernelBench checkout, a folder of .py files or a Parquet file with a code column")
+    fingerprints, unparsable = fingerprint_all(tasks)
+    if unparsable:
+        log.warning("reference %s: %d tasks do not parse and are left out: %s", source, len(unparsable), unparsable[:5])
+    digest = hashlib.sha256("\n".join(code for _, code in tasks).encode()).hexdigest()[:12]
+    return ReferenceSet(source, revision or f"content-{digest}", tuple(fingerprints), tuple(unparsable))
+
+
+def fingerprint_all(tasks: list[tuple[str, str]]) -> tuple[list[Fingerprint], list[str]]:
+    """Fingerprints of the tasks that parse, and the names of those that do not."""
     fingerprints, unparsable = [], []
     for name, code in tasks:
         try:
             fingerprints.append(fingerprint(code, name))
         except SyntaxError:
             unparsable.append(name)
-    if unparsable:
-        log.warning("reference %s: %d tasks do not parse and are left out: %s", source, len(unparsable), unparsable[:5])
-    digest = hashlib.sha256("\n".join(code for _, code in tasks).encode()).hexdigest()[:12]
-    return ReferenceSet(source, revision or f"content-{digest}", tuple(fingerprints), tuple(unparsable))
+    return fingerprints, unparsable
 
 
 def read_tasks(source: str) -> list[tuple[str, str]]:

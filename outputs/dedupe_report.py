@@ -7,8 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from filters.decontaminate import SimilarityIndex, decontaminate, dedupe
-from filters.reference import ReferenceSetError, load_reference, read_tasks
-from filters.similarity import fingerprint
+from filters.reference import ReferenceSetError, fingerprint_all, load_reference, read_tasks
 
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
@@ -20,12 +19,7 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     if not named:
         raise ReferenceSetError(f"{tasks} holds no tasks")
     reference = load_reference(against, levels)
-    fingerprints, unparsable = [], []
-    for name, code in named:
-        try:
-            fingerprints.append(fingerprint(code, name))
-        except SyntaxError:
-            unparsable.append(name)
+    fingerprints, unparsable = fingerprint_all(named)
     matches = decontaminate(fingerprints, SimilarityIndex(reference.fingerprints), threshold)
     duplicates = dedupe(fingerprints, dedupe_threshold)
     rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,

@@ -57,10 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--llm-model", help="model name for --composer llm (sets llm.model)")
     run.add_argument("--similarity-threshold", type=float, help="reject above this similarity to the reference (0.9)")
     run.add_argument("--library", dest="libraries", action="append", help="op library to draw from (repeatable)")
-    run.add_argument("--workers", type=int, help="sandbox worker processes (0 = auto)")
-    run.add_argument("--timeout-s", type=float, help="wall-clock limit per candidate (default: 300)")
-    run.add_argument("--max-memory-gb", type=float, help="memory limit per sandbox worker (default: 8)")
-    run.add_argument("--cache-dir", help="catalog and compiler cache (default: ~/.cache/opsynth)")
+    _add_sandbox_flags(run)
     run.set_defaults(handler=_run)
 
     validate = commands.add_parser("validate", help="re-audit existing tasks against the acceptance rules")
@@ -68,10 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--out", required=True, help="output folder, in the dataset layout")
     validate.add_argument("--config", help="a YAML file or recipe name (the run's keys apply)")
     validate.add_argument("--device", help="auto, cpu or cuda[:N] (default: auto)")
-    validate.add_argument("--timeout-s", type=float, help="wall-clock limit per task (default: 300)")
-    validate.add_argument("--max-memory-gb", type=float, help="memory limit per sandbox worker (default: 8)")
-    validate.add_argument("--workers", type=int, help="sandbox worker processes (0 = auto)")
-    validate.add_argument("--cache-dir", help="compiler cache (default: ~/.cache/opsynth)")
+    _add_sandbox_flags(validate)
     validate.set_defaults(handler=_validate)
 
     dedupe = commands.add_parser("dedupe", help="score tasks against a reference set and each other")
@@ -100,6 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     crawl.add_argument("--out", default="catalog.parquet", help="catalog Parquet file (default: catalog.parquet)")
     crawl.set_defaults(handler=_crawl)
     return parser
+
+
+def _add_sandbox_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of every command that runs candidates in the sandbox."""
+    parser.add_argument("--workers", type=int, help="sandbox worker processes (0 = auto)")
+    parser.add_argument("--timeout-s", type=float, help="wall-clock limit per candidate (default: 300)")
+    parser.add_argument("--max-memory-gb", type=float, help="memory limit per sandbox worker (default: 8)")
+    parser.add_argument("--max-task-memory-gb", type=float, help="peak device memory a task may use (default: 16)")
+    parser.add_argument("--cache-dir", help="catalog, compiler, verdict and LLM caches (default: ~/.cache/opsynth)")
 
 
 def _run(args, beam_args) -> int:

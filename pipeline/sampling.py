@@ -1,5 +1,6 @@
 """Op-tuple sampling for the LLM composer: the configured op-count mix, a minimum share per
-library, balanced coverage (every op is used before any is reused), and no tuple twice.
+library (kept as a running quota, so it holds at every prefix of the run), balanced
+coverage (every op is used before any is reused), and no tuple twice.
 
 Sampling is a pure function of (catalog, configuration, seed, how many tuples): the n-th
 tuple of a run is always the same, so reruns and Beam workers agree.
@@ -38,10 +39,12 @@ def sample_tuples(catalog: list[OpSpec], count: int, op_count_mix: dict[int, flo
     uses: Counter = Counter({name: 0 for name in names})
     seen: set[tuple[str, ...]] = set()
     tuples = []
+    led_by: Counter = Counter()  # tuples whose first op came from each library
     for _ in range(count):
+        library = _behind_quota(library_mix, by_library, led_by, len(tuples))
         for _ in range(100):
             size = min(draw_op_count(rng, op_count_mix), len(names))
-            first_pool = _library_pool(rng, library_mix, by_library) or names
+            first_pool = sorted(by_library[library]) if library else names
             picked = [_least_used(rng, first_pool, uses, ())]
             while len(picked) < size:
                 picked.append(_least_used(rng, names, uses, picked))
@@ -53,13 +56,16 @@ def sample_tuples(catalog: list[OpSpec], count: int, op_count_mix: dict[int, flo
         seen.add(candidate)
         uses.update(candidate)
         tuples.append(candidate)
+        if library:
+            led_by[library] += 1
     return tuples
 
 
-def _library_pool(rng, library_mix, by_library) -> list[str] | None:
+def _behind_quota(library_mix, by_library, led_by, drawn: int) -> str | None:
+    """A library whose share of tuples would fall under its minimum without this one."""
     for library, share in sorted(library_mix.items()):
-        if by_library.get(library) and rng.random() < share:
-            return sorted(by_library[library])
+        if by_library.get(library) and led_by[library] < share * (drawn + 1):
+            return library
     return None
 
 

@@ -11,10 +11,11 @@ import base64
 import hashlib
 import json
 import re
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlparse
+
+from tests.loopback import LoopbackServer, send_json
 
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 
@@ -35,28 +36,19 @@ class Repo:
         return next(((o, files) for o, _, files in self.commits if o == oid), None)
 
 
-class HubStandIn:
+class HubStandIn(LoopbackServer):
     def __init__(self):
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str]] = []
         self.failures: dict[str, list[int]] = {}  # route name -> statuses to answer before serving
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(self._handler())
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}"
+        return f"http://127.0.0.1:{self.port}"
 
     def fail_next(self, route: str, *statuses: int) -> None:
         self.failures.setdefault(route, []).extend(statuses)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
 
     def _handler(self):
         hub = self
@@ -103,13 +95,7 @@ class HubStandIn:
         self._send(request, method, 404, {"error": f"no route {method} {path}"})
 
     def _send(self, request, method, status, payload, headers=None) -> None:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        request.send_response(status)
-        for key, value in {"Content-Type": "application/json", "Content-Length": str(len(data)), **(headers or {})}.items():
-            request.send_header(key, value)
-        request.end_headers()
-        if method != "HEAD":
-            request.wfile.write(data)
+        send_json(request, status, payload, headers, body=method != "HEAD")
 
     def _repo(self, match):
         repo = self.repos.get(match["repo"])

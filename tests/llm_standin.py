@@ -13,7 +13,9 @@ import re
 import textwrap
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.loopback import LoopbackServer, send_json
 
 MODULES = {"torch.nn.Linear": "nn.Linear(features, features)"}
 
@@ -49,26 +51,17 @@ def fused_task(ops: list[str]) -> str:
         ''').format(init=textwrap.indent(init, " " * 8), forward=textwrap.indent(forward, " " * 8))
 
 
-class LLMStandIn:
+class LLMStandIn(LoopbackServer):
     def __init__(self, faults: list[str] = (), hang_s: float = 5.0):
         self.faults = list(faults)
         self.hang_s = hang_s
         self.requests = 0
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(self._handler())
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}/v1"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def _handler(self):
         standin = self
@@ -113,13 +106,4 @@ class LLMStandIn:
 
     @staticmethod
     def _send(request, status, payload, headers=None):
-        data = json.dumps(payload).encode()
-        try:
-            request.send_response(status)
-            for key, value in {"Content-Type": "application/json", "Content-Length": str(len(data)),
-                               **(headers or {})}.items():
-                request.send_header(key, value)
-            request.end_headers()
-            request.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout): fine
-            pass
+        send_json(request, status, payload, headers)
