@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     crawl.add_argument("--library", dest="libraries", action="append",
                        help="torch, or any importable module such as torchvision.ops (repeatable; default: torch)")
     crawl.add_argument("--out", default="catalog.parquet", help="catalog Parquet file (default: catalog.parquet)")
+    crawl.add_argument("--cache-dir", help="where catalogs are cached by library versions (default: ~/.cache/opsynth)")
     crawl.set_defaults(handler=_crawl)
     return parser
 
@@ -129,15 +130,22 @@ def _validate(args, beam_args) -> int:
 
 
 def _crawl(args, beam_args) -> int:
-    from operators.catalog import crawl, write_catalog
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from operators.catalog import load_or_crawl
     from operators.sources import UnknownLibrary
+    from pipeline.config import default_cache_dir
 
     try:
-        specs, skipped = crawl(args.libraries or ["torch"])
+        cached, specs = load_or_crawl(args.libraries or ["torch"], Path(args.cache_dir or default_cache_dir()))
     except UnknownLibrary as error:
         raise ConfigError(str(error)) from None
-    write_catalog(Path(args.out), specs, skipped)
-    print(f"{args.out}: {len(specs)} runnable ops, {len(skipped)} skipped")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cached, args.out)
+    total = pq.read_metadata(args.out).num_rows
+    print(f"{args.out}: {len(specs)} runnable ops, {total - len(specs)} listed with the reason they were skipped")
     return 0
 
 
