@@ -42,6 +42,7 @@ class SandboxOptions:
     memory_guard: str = "auto"
     threads: int | None = None
     isolate_network: bool = True
+    read_only_fs: bool = True  # every file system read-only but the scratch folder and compiler caches
     startup_timeout_s: float = 180.0
     log_path: str | None = None
     # Workers that share a GPU take turns timing through a lock file per GPU in this folder.
@@ -82,7 +83,8 @@ class Worker:
         self.stop()
         job_r, self.job_fd = os.pipe()
         self.result_fd, result_w = os.pipe()
-        options = {"isolate_network": self.options.isolate_network, "threads": self.options.threads,
+        options = {"isolate_network": self.options.isolate_network, "read_only_fs": self.options.read_only_fs,
+                   "threads": self.options.threads,
                    "gpu_memory_gb": self.options.gpu_memory_gb,
                    "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None}
         env = {**os.environ, **dict(self.options.env), **WORKER_ENV}

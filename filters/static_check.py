@@ -17,6 +17,9 @@ FORBIDDEN_TORCH_ATTRS = {"hub", "save", "load", "ops", "classes", "library", "ut
                          "multiprocessing", "distributed", "compiler", "set_default_device", "set_default_dtype",
                          "manual_seed", "seed", "use_deterministic_algorithms", "set_num_threads"}
 TORCH_ALIASES = {"torch", "nn", "F"}
+# Methods on any object that write files or leave torch for a library with file access.
+FORBIDDEN_METHODS = {"tofile", "numpy", "dump", "dumps", "from_file", "save", "load", "system", "popen",
+                     "share_memory_", "_new_shared_filename"}
 ALLOWED_DUNDERS = {"__init__"}
 STOCHASTIC_CALLS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
                     "multinomial", "randperm", "normal", "normal_", "uniform_", "exponential_", "geometric_",
@@ -60,6 +63,8 @@ def _forbidden(tree: ast.Module):
             name = node.id if isinstance(node, ast.Name) else node.attr
             if name.startswith("__") and name not in ALLOWED_DUNDERS:
                 return "forbidden_call", f"line {node.lineno}: dunder access {name!r}"
+        if isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_METHODS:
+            return "forbidden_call", f"line {node.lineno}: .{node.attr} reaches the file system or leaves torch"
         if isinstance(node, ast.Attribute) and _torch_root(node) and (
                 node.attr in FORBIDDEN_TORCH_ATTRS or node.attr.startswith("_")):
             return "forbidden_call", f"line {node.lineno}: torch API {_dotted(node)!r} reaches outside the task"

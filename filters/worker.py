@@ -1,10 +1,16 @@
 """A sandbox worker: a long-lived process that runs untrusted candidates one at a time.
 
 Started by `filters.sandbox` as `python -m filters.worker JOB_FD RESULT_FD CONFIG_JSON`.
-Before it imports torch it confines itself: a new network namespace where the OS allows
-it, an address-space limit when asked (CPU only: it breaks CUDA), no stdin, and stdout
-sent to /dev/null so a task that prints cannot reach the result channel. Each candidate
-runs in a fresh throw-away directory.
+Before it imports torch it confines itself, each step as far as the OS allows:
+- a new network namespace (no network at all);
+- a private mount namespace in which every file system is read-only except the worker's
+  scratch folder and the compiler caches;
+- an address-space limit when asked (CPU only: it breaks CUDA);
+- no stdin, and stdout sent to /dev/null, so a task that prints cannot reach the result
+  channel.
+Each candidate runs in a fresh throw-away directory inside the scratch folder. Where a step
+is refused (no privileges for namespaces), the worker says so in its ready message and the
+static check remains the guard.
 """
 from __future__ import annotations
 
@@ -19,6 +25,10 @@ import tempfile
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PSEUDO_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
 
 
 def isolate_network() -> str:
@@ -30,10 +40,56 @@ def isolate_network() -> str:
     return f"none (unshare failed: {os.strerror(ctypes.get_errno())}); the static check still forbids sockets"
 
 
+def confine_filesystem(writable: list[str]) -> str:
+    """Make every mount read-only but `writable` (bind-mounted onto themselves first), in a
+    mount namespace of this process's own; returns how it went, for the run report."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(source, target, flags):
+        if libc.mount(source and source.encode(), target.encode(), None, flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {target}: {os.strerror(ctypes.get_errno())}")
+
+    try:
+        if libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
+        mount(None, "/", MS_REC | MS_PRIVATE)
+        for path in writable:
+            mount(path, path, MS_BIND | MS_REC)
+        for target, options in _mounts():
+            if target in writable or target.startswith(PSEUDO_FILE_SYSTEMS) or "ro" in options:
+                continue
+            kept = sum(flag for name, flag in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC))
+                       if name in options)
+            mount(None, target, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+    except OSError as error:
+        return f"not read-only ({error.strerror or error}); the static check still forbids file access"
+    return f"read-only but {', '.join(writable)}"
+
+
+def _mounts() -> list[tuple[str, set[str]]]:
+    with open("/proc/self/mountinfo") as info:
+        rows = [line.split() for line in info]
+    return [(row[4], set(row[5].split(","))) for row in rows]
+
+
 def limit_memory(max_memory_gb: float | None) -> None:
     if max_memory_gb:
         limit = int(max_memory_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _writable_folders(scratch: str) -> list[str]:
+    """The scratch folder (also TMPDIR: the C++ compiler writes there) and the compiler
+    caches, which must exist before the rest of the file system turns read-only."""
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(scratch, "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "triton"))
+    os.environ.setdefault("CUDA_CACHE_PATH", os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "cuda"))
+    folders = [scratch, os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"],
+               os.environ["CUDA_CACHE_PATH"]]
+    for folder in folders:
+        os.makedirs(folder, exist_ok=True)
+    return list(dict.fromkeys(os.path.realpath(f) for f in folders if not f.startswith(scratch + os.sep)))
 
 
 def send(fd: int, message: dict) -> None:
@@ -61,12 +117,14 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 def main() -> None:
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    scratch = tempfile.mkdtemp(prefix="opsynth-worker-")
+    writable = _writable_folders(scratch)
     network = isolate_network() if options.get("isolate_network", True) else "not requested"
+    files = confine_filesystem(writable) if options.get("read_only_fs", True) else "not requested"
     limit_memory(options.get("rlimit_gb"))
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-    scratch = tempfile.mkdtemp(prefix="opsynth-worker-")
     os.chdir(scratch)
 
     import torch
@@ -77,7 +135,8 @@ def main() -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, options["gpu_memory_gb"] * 2**30 / total))
     from filters.harness import evaluate
 
-    send(result_fd, {"ready": True, "network": network, "pid": os.getpid()})
+    print(f"sandbox worker {os.getpid()}: network {network}; file system {files}", file=sys.stderr, flush=True)
+    send(result_fd, {"ready": True, "network": network, "files": files, "pid": os.getpid()})
     while (job := receive(job_fd)) is not None:
         workdir = tempfile.mkdtemp(dir=scratch)
         os.chdir(workdir)

@@ -55,6 +55,7 @@ class RunConfig:
     max_memory_gb: float = 8.0
     max_task_memory_gb: float = 16.0
     workers: int = 0
+    read_only_fs: bool = True  # sandbox workers see a read-only file system (see README)
     cache_dir: str = field(default_factory=default_cache_dir)
     beam_args: list = field(default_factory=list)
 

@@ -264,7 +264,7 @@ def gpu_share_gb(gpus: list[int], workers: int) -> float:
 def _sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:
     cache_dir = Path(cfg.cache_dir)
     return SandboxOptions(
-        device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
+        device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb, read_only_fs=cfg.read_only_fs,
         threads=max(1, (os.cpu_count() or 1) // workers), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=str(cache_dir) if device == "cuda" else None,
         gpu_memory_gb=gpu_share_gb(gpus, workers) if device == "cuda" else None,

@@ -22,6 +22,8 @@ def test_a_plain_task_passes():
     (make_task("return torch._C._get_tracing_state()"), "forbidden_call"),
     (make_task("torch.allclose = lambda *a, **k: True\nreturn x"), "forbidden_call"),
     (make_task("return getattr(torch, 'relu')(x)"), "forbidden_call"),
+    (make_task("x.numpy().tofile('/etc/owned')\nreturn x"), "forbidden_call"),
+    (make_task("return torch.from_file('/etc/passwd', size=4)"), "forbidden_call"),
     (make_task("return x * torch.rand_like(x)"), "stochastic_op"),
     (make_task("return torch.nn.functional.dropout(x, 0.5)"), "stochastic_op"),
 ])
