@@ -79,8 +79,9 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         "",
         "How it was made: operators crawled from " + ", ".join(stats.get("libraries", ["torch"]))
         + f" were fused by the `{stats['composer']}` composer; every candidate was validated in a sandboxed "
-        "worker process (static check, eager, determinism, input dependence, timing window with re-sizing, "
-        "`torch.compile` agreement), then matched against the reference benchmark and deduplicated.",
+        "worker process (static check, eager, timing window with re-sizing, determinism, input dependence, "
+        "no dead parameter or redundant op, `torch.compile` agreement), then matched against the reference "
+        "benchmark and deduplicated.",
         "",
         *_table(["ops", "samples"], stats["op_count_mix"].items()),
         "",

@@ -6,7 +6,7 @@ from collections import Counter
 from operators.records import Candidate, Verdict
 
 # The order candidates meet the stages in; the funnel reports them in this order.
-STAGES = ("compose", "static", "sandbox", "execute", "timing", "determinism", "degenerate",
+STAGES = ("compose", "static", "sandbox", "execute", "timing", "determinism", "degenerate", "ablation",
           "compile", "decontaminate", "dedupe")
 HISTOGRAM_EDGES_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 SIMILARITY_EDGES = (0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0001)
