@@ -1,6 +1,6 @@
 """The Beam stages on in-memory lists, with the real DirectRunner."""
 import apache_beam as beam
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from operators.records import Candidate
@@ -12,7 +12,7 @@ def candidate(cid, index):
 
 
 def test_drop_duplicates_keeps_the_first_and_names_it():
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         unique, rejected = (p | beam.Create([candidate("a", 2), candidate("a", 0), candidate("b", 1),
                                              candidate("seen", 3)])
                             | DropDuplicates(frozenset({"seen"})))
@@ -25,7 +25,7 @@ def test_drop_duplicates_keeps_the_first_and_names_it():
 
 
 def test_compose_turns_every_job_into_exactly_one_candidate(torch_catalog):
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         jobs = p | beam.Create([{"index": i} for i in range(6)])
         candidates, rejected = jobs | ComposeCandidates("template", torch_catalog[0], {2: 1.0}, 1, batch=4)
         assert_that(candidates | beam.Map(lambda c: (c.provenance["index"], len(c.ops))),
@@ -49,7 +49,7 @@ def test_decontaminate_rejects_a_disguised_copy_and_keeps_the_score_on_the_rest(
                       "import torch\nclass Model:\n    def forward(self, x):\n        return x.sort()[0]\n",
                       "template", 0, {"index": 1})
     records = [(c, Verdict(c.id, "accepted", True, metrics={"eager_ms": 2.0})) for c in (copy, other)]
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         clean, similar = p | beam.Create(records) | Decontaminate(reference, 0.9)
         assert_that(similar | "Why" >> beam.MapTuple(lambda c, v: (c.id, v.stage, v.reason, v.metrics["kernelbench_nearest"])),
                     equal_to([("copy", "decontaminate", "kernelbench_similar", "level1/2_row_cumsum.py")]), label="similar")
