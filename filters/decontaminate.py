@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from filters.similarity import Fingerprint, op_similarity, score
+from filters.similarity import Fingerprint, score
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ never on the worker's stdout.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import queue
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from filters.worker import receive, send
 
@@ -110,11 +111,11 @@ class Worker:
     def stop(self) -> None:
         if self.process is not None:
             if self.process.poll() is None:
-                with _quiet():
+                with contextlib.suppress(OSError):
                     os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
             for fd in (self.job_fd, self.result_fd):
-                with _quiet():
+                with contextlib.suppress(OSError):
                     os.close(fd)
         self.process = None
 
@@ -218,14 +219,3 @@ def _rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-class _quiet:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        return kind is not None and issubclass(kind, (OSError, ProcessLookupError))
-
-
-__all__ = ["SandboxOptions", "Worker", "WorkerPool", "WorkerFailed", "asdict"]

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from rapidfuzz.distance import Indel
 
+from operators.task import drop_docstrings
+
 API_ROOTS = {"torch", "nn", "F", "math"}
 BUILTIN_NAMES = set(dir(builtins))
 TENSOR_METHODS = {name for name in dir(torch.Tensor) if not name.startswith("_")}
@@ -43,10 +45,6 @@ class Fingerprint:
     tokens: str  # one character per token, for rapidfuzz's fast string kernels
     ops: tuple[tuple[str, int], ...]
     digest: str  # hash of the canonical tokens: equal digests are exact duplicates
-
-    @property
-    def op_count(self) -> int:
-        return sum(n for _, n in self.ops)
 
 
 class _Vocabulary:
@@ -64,7 +62,7 @@ VOCABULARY = _Vocabulary()
 
 def fingerprint(code: str, name: str = "") -> Fingerprint:
     tree = ast.parse(code)
-    _drop_docstrings(tree)
+    drop_docstrings(tree)
     tokens = _Canonicalizer(_user_attributes(tree)).walk(tree)
     ops = tuple(sorted(_model_ops(tree).items()))
     return Fingerprint(name, VOCABULARY.encode(tokens), ops,
@@ -84,14 +82,6 @@ def op_similarity(a: Fingerprint, b: Fingerprint) -> float:
         return 1.0
     ca, cb = Counter(dict(a.ops)), Counter(dict(b.ops))
     return sum((ca & cb).values()) / sum((ca | cb).values())
-
-
-def _drop_docstrings(tree: ast.AST) -> None:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
 
 
 def _user_attributes(tree: ast.AST) -> set[str]:

@@ -15,9 +15,6 @@ class Layout:
     sizes: tuple[int, ...]
     channel_axis: int
 
-    def shape(self) -> tuple[int, ...]:
-        return self.sizes
-
 
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout

@@ -100,16 +100,10 @@ class Verdict:
 
 
 def record_to_json(candidate: Candidate, verdict: Verdict) -> str:
-    return json.dumps({"candidate": asdict(candidate), "verdict": asdict(verdict)}, default=_json_default)
+    return json.dumps({"candidate": asdict(candidate), "verdict": asdict(verdict)}, default=str)
 
 
 def record_from_json(line: str) -> tuple[Candidate, Verdict]:
     data = json.loads(line)
     candidate = data["candidate"]
     return Candidate(**{**candidate, "ops": tuple(candidate["ops"])}), Verdict(**data["verdict"])
-
-
-def _json_default(value):
-    if isinstance(value, float):
-        return value
-    return str(value)

@@ -145,11 +145,16 @@ def _unique_slugs(chain: list[BoundOp]) -> list[str]:
 def normalized_code(code: str) -> str:
     """The code with comments, docstrings and formatting taken out: what a task *is*."""
     tree = ast.parse(code)
+    drop_docstrings(tree)
+    return ast.unparse(tree)
+
+
+def drop_docstrings(tree: ast.AST) -> None:
+    """Remove every module, class and function docstring from `tree`, in place."""
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and _is_docstring(body[0]):
             node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
 
 
 def task_id(code: str) -> str:

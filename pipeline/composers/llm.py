@@ -96,7 +96,6 @@ class LLMClient:
         self._client = None
         self._lock = threading.Lock()
         self.down: str | None = None
-        self.requests_sent = 0
 
     def complete(self, messages: list[dict]) -> tuple[str, dict, bool]:
         """(answer text, token usage, served from cache)."""
@@ -115,8 +114,6 @@ class LLMClient:
             if self.down:
                 raise EndpointDown(self.down)
             try:
-                with self._lock:
-                    self.requests_sent += 1
                 response = self._openai().chat.completions.create(**request)
             except Exception as error:  # classified by retry_delay; anything else is not retried
                 delay = retry_delay(error, attempt, self.settings)

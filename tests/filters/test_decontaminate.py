@@ -1,5 +1,4 @@
 import itertools
-import random
 from pathlib import Path
 
 import pyarrow.parquet as pq
