@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from filters.sandbox import WorkerPool
 from filters.static_check import static_check
-from filters.verdict_store import VerdictStore
+from filters.store import VerdictStore
 from operators.records import Candidate, Verdict
 
 

@@ -15,7 +15,7 @@ from filters.decontaminate import SimilarityIndex
 from filters.sandbox import SandboxOptions, shared_pool
 from filters.similarity import fingerprint
 from filters.validate import validate
-from filters.verdict_store import VerdictStore
+from filters.store import VerdictStore
 from operators.records import Candidate, OpSpec, Verdict, record_to_json
 from pipeline import progress
 from pipeline.composers import make_composer

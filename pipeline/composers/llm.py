@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from filters.similarity import _model_ops
+from filters.store import JsonStore
 from operators.records import Candidate, OpSpec, Verdict
 from operators.task import task_id
 
@@ -69,29 +70,10 @@ def retry_delay(error: BaseException, attempt: int, settings: LLMSettings) -> fl
     return min(settings.backoff_s * 2 ** attempt, 30.0)
 
 
-class AnswerCache:
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
-
-    def get(self, key: str) -> dict | None:
-        path = self._path(key)
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def put(self, key: str, answer: dict) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(answer))
-        tmp.replace(path)
-
-    def _path(self, key: str) -> Path:
-        return self.folder / key[:2] / f"{key}.json"
-
-
 class LLMClient:
     """The openai client, built on first use (the composer is pickled to Beam workers)."""
 
-    def __init__(self, settings: LLMSettings, cache: AnswerCache):
+    def __init__(self, settings: LLMSettings, cache: JsonStore):
         self.settings, self.cache = settings, cache
         self._client = None
         self._lock = threading.Lock()
@@ -180,7 +162,7 @@ class LLMComposer:
         self.by_name = {spec.name: spec for spec in catalog}
         self.settings = settings
         self.name = f"llm:{settings.model}"
-        self.client = LLMClient(settings, AnswerCache(Path(cache_dir) / "llm"))
+        self.client = LLMClient(settings, JsonStore(Path(cache_dir) / "llm"))
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list[Candidate | tuple[Candidate, Verdict]]:
         with ThreadPoolExecutor(self.settings.concurrency) as executor:
