@@ -37,6 +37,13 @@ def static_check(code: str, extra_imports: frozenset[str] = frozenset()) -> tupl
             or _forbidden(tree) or _stochastic_forward(tree))
 
 
+def screen_definitions(code: str) -> tuple[str, str] | None:
+    """The static check for library code a crawl inlines into seeds (no task interface yet):
+    the same import allowlist, forbidden routes and stochastic-forward rule."""
+    tree = ast.parse(code)
+    return _imports(tree, ALLOWED_IMPORTS) or _forbidden(tree) or _stochastic_forward(tree)
+
+
 def _interface(tree: ast.Module):
     defined = {node.name: type(node) for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
     missing = [name for name, kind in INTERFACE.items() if defined.get(name) is not kind]
@@ -56,8 +63,9 @@ def _imports(tree: ast.Module, allowed: set[str]):
 
 
 def _forbidden(tree: ast.Module):
+    local = _local_references(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
+        if isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES and id(node) not in local:
             return "forbidden_call", f"line {node.lineno}: use of {node.id!r}"
         if isinstance(node, (ast.Name, ast.Attribute)):
             name = node.id if isinstance(node, ast.Name) else node.attr
@@ -76,6 +84,22 @@ def _forbidden(tree: ast.Module):
         if isinstance(node, (ast.Global, ast.Nonlocal)):
             return "forbidden_call", f"line {node.lineno}: global state"
     return None
+
+
+def _local_references(tree: ast.Module) -> set[int]:
+    """Names that refer to a parameter or local variable of their function (`def f(input)`
+    reads `input`, not the builtin): the ids of those Name nodes."""
+    local = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        args = fn.args
+        bound = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
+        body = fn.body if isinstance(fn.body, list) else [fn.body]
+        names = [n for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)]
+        bound |= {n.id for n in names if isinstance(n.ctx, ast.Store)}
+        local |= {id(n) for n in names if n.id in bound}
+    return local
 
 
 def _stochastic_forward(tree: ast.Module):

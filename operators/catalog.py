@@ -11,12 +11,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators.probe import probe
-from operators.sources import source_for
-from operators.records import OpSpec, SkippedOp
+from operators.probe import probe, probe_inlined
+from operators.records import InlinedOp, OpSpec, SkippedOp
+from operators.sources import library_name, source_for
 
 log = logging.getLogger(__name__)
-CATALOG_VERSION = "2"  # bump when probing rules change, so cached catalogs are rebuilt
+CATALOG_VERSION = "3"  # bump when probing rules change, so cached catalogs are rebuilt
 
 CATALOG_SCHEMA = pa.schema([
     ("name", pa.string()), ("library", pa.string()), ("kind", pa.string()),
@@ -24,6 +24,7 @@ CATALOG_SCHEMA = pa.schema([
     ("layouts", pa.list_(pa.string())), ("keeps_rank", pa.list_(pa.string())),
     ("init_args", pa.string()), ("call_args", pa.string()),
     ("output_shape", pa.list_(pa.int64())), ("output_dtype", pa.string()), ("seed_code", pa.string()),
+    ("definitions", pa.string()), ("output_item", pa.int64()),
 ])
 
 
@@ -35,10 +36,10 @@ def crawl(libraries: list[str]) -> tuple[list[OpSpec], list[SkippedOp]]:
         warnings.simplefilter("ignore")
         for library in libraries:
             for entry in source_for(library)():
-                name, obj, recipe = (*entry, None) if len(entry) == 2 else entry
+                name = entry[0] if isinstance(entry, tuple) else entry.name
                 if isinstance(results.get(name), OpSpec):
                     continue
-                result = probe(obj, name, library.split(".")[0], recipe)
+                result = _probe_entry(entry, library_name(library))
                 if name not in results or isinstance(result, OpSpec):
                     results[name] = result
     specs = [r for r in results.values() if isinstance(r, OpSpec)]
@@ -47,11 +48,22 @@ def crawl(libraries: list[str]) -> tuple[list[OpSpec], list[SkippedOp]]:
     return specs, skipped
 
 
+def _probe_entry(entry, library: str) -> OpSpec | SkippedOp:
+    """A source entry is (name, object[, call recipe]), an InlinedOp or an already decided SkippedOp."""
+    if isinstance(entry, SkippedOp):
+        return entry
+    if isinstance(entry, InlinedOp):
+        return probe_inlined(entry)
+    name, obj, recipe = (*entry, None) if len(entry) == 2 else entry
+    return probe(obj, name, library, recipe)
+
+
 def write_catalog(path: Path, specs: list[OpSpec], skipped: list[SkippedOp]) -> None:
     rows = [{**spec.to_row(), "runnable": True, "skip_reason": "", "skip_detail": ""} for spec in specs]
     rows += [{"name": s.name, "library": s.library, "kind": s.kind, "runnable": False,
               "skip_reason": s.reason, "skip_detail": s.detail, "layouts": [], "keeps_rank": [],
-              "init_args": "{}", "call_args": "{}", "output_shape": [], "output_dtype": "", "seed_code": ""}
+              "init_args": "{}", "call_args": "{}", "output_shape": [], "output_dtype": "", "seed_code": "",
+              "definitions": "", "output_item": None}
              for s in skipped]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -65,7 +77,7 @@ def read_catalog(path: Path) -> list[OpSpec]:
 
 
 def cache_key(libraries: list[str]) -> str:
-    versions = {lib: _version(lib.split(".")[0]) for lib in libraries}
+    versions = {lib: _version(library_name(lib)) for lib in libraries}
     blob = json.dumps({"catalog": CATALOG_VERSION, "versions": versions, "libraries": libraries}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -74,6 +86,7 @@ def load_or_crawl(libraries: list[str], cache_dir: Path) -> tuple[Path, list[OpS
     """The catalog for these libraries at their installed versions, crawling only on a miss."""
     path = Path(cache_dir) / "catalogs" / f"catalog-{cache_key(libraries)}.parquet"
     if not path.exists():
+        log.info("crawling %s (the first time for these versions; cached in %s)", ", ".join(libraries), path.parent)
         specs, skipped = crawl(libraries)
         write_catalog(path, specs, skipped)
     return path, read_catalog(path)
@@ -84,3 +97,25 @@ def _version(package: str) -> str:
         return version(package)
     except PackageNotFoundError:
         return "unversioned"
+
+
+def coverage_summary(path, top: int = 8) -> str:
+    """Runnable ops per library and kind, families for inlined libraries, and the top skip reasons."""
+    rows = pq.read_table(path, columns=["name", "library", "kind", "runnable", "skip_reason"]).to_pylist()
+    lines = []
+    for library in sorted({row["library"] for row in rows}):
+        mine = [row for row in rows if row["library"] == library]
+        runnable = [row for row in mine if row["runnable"]]
+        kinds = ", ".join(f"{sum(r['kind'] == kind for r in runnable)} {kind}s" for kind in ("module", "function"))
+        families = {row["name"].split(".")[2] for row in runnable if row["name"].startswith("transformers.models.")}
+        lines.append(f"{library}: {len(runnable)} runnable ({kinds})"
+                     + (f" from {len(families)} model families" if families else "")
+                     + f", {len(mine) - len(runnable)} skipped")
+        reasons: dict[str, int] = {}
+        for row in mine:
+            if not row["runnable"]:
+                reasons[row["skip_reason"]] = reasons.get(row["skip_reason"], 0) + 1
+        ranked = sorted(reasons.items(), key=lambda item: -item[1])[:top]
+        if ranked:
+            lines.append("  skipped: " + ", ".join(f"{reason} {count}" for reason, count in ranked))
+    return "\n".join(lines)

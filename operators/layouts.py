@@ -40,10 +40,22 @@ def layouts_for(op_name: str) -> tuple[str, ...]:
     return GENERIC_LAYOUTS
 
 
+@dataclass(frozen=True)
+class Weight:
+    """A learned tensor argument of a function op (the other operand of `torch.maximum`, the
+    matrix of `torch.mm`): the task holds it as an nn.Parameter of this shape."""
+    shape: tuple[int, ...]
+
+
 def resolve(recipe, shape: tuple[int, ...], channel_axis: int):
-    """Turn a recipe value into a literal for an input of `shape`."""
+    """Turn a recipe value into a literal for an input of `shape`: `$C` the channel size, `$L`
+    the last dimension, `$W` a weight vector over the last dimension, `$M` a square matrix."""
     if recipe == "$C":
         return shape[channel_axis] if len(shape) > channel_axis else shape[-1]
     if recipe == "$L":
         return shape[-1]
+    if recipe == "$W":
+        return Weight((shape[-1],))
+    if recipe == "$M":
+        return Weight((shape[-1], shape[-1]))
     return recipe

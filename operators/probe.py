@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 
 from operators.exclusions import exclusion_reason
-from operators.layouts import LAYOUTS, layouts_for, resolve
-from operators.records import FUNCTION, MODULE, OpSpec, SkippedOp
+from operators.layouts import LAYOUTS, Weight, layouts_for, resolve
+from operators.records import FUNCTION, MODULE, InlinedOp, OpSpec, SkippedOp
 from operators.task import BoundOp, bind, chain_output, render_task
 
 ARG_RECIPES = {
@@ -26,12 +26,15 @@ ARG_RECIPES = {
     "kernel_size": 3, "num_groups": 4, "num_heads": 4, "nhead": 4, "groups": 2,
     "output_size": 4, "upscale_factor": 2, "downscale_factor": 2, "size": 3,
     "lambd": 0.5, "threshold": 0.1, "value": 0.0, "padding": 1, "pad": (1, 1),
-    "norm_type": 2.0, "dim": -1,
+    "norm_type": 2.0, "dim": -1, "other": "$W", "end": "$W", "mat2": "$M",
 }
 # Optional arguments whose default is unusable in a task (`dim=None` warns and guesses).
 OPTIONAL_OVERRIDES = {"dim": -1}
-# Call patterns for builtins that expose no signature.
-BUILTIN_PATTERNS = ({}, {"dim": -1})
+# Call patterns for builtins that expose no signature, tried in order: unary, reductions,
+# binary ops with a learned operand (a vector or a square matrix), then bounds.
+BUILTIN_PATTERNS = ({}, {"dim": -1}, {"other": "$W"}, {"other": "$M"}, {"mat2": "$M"}, {"weight": "$M"},
+                    {"weight": "$W"}, {"exponent": "$W"}, {"end": "$W", "weight": 0.5}, {"min": 0.25},
+                    {"max": 0.75})
 PROBE_SIZES = {"features": (2, 64), "sequence": (2, 16, 64), "signal": (2, 16, 32),
                "image": (2, 16, 16, 16), "volume": (2, 8, 8, 8, 8)}
 TENSOR_PARAM_NAMES = {"input", "x", "self", "tensor", "a", "A"}
@@ -66,6 +69,40 @@ def probe(obj, name: str, library: str, recipe: dict | None = None) -> OpSpec | 
         failures.append(failure)
     code, detail = _most_telling(failures)
     return SkippedOp(name, library, kind, code, detail)
+
+
+def probe_inlined(op: InlinedOp) -> OpSpec | SkippedOp:
+    """Run an inlined library class, as the seed task it renders to, on each of its layouts
+    at a small batch. A tuple output is reduced to its first tensor."""
+    spec = OpSpec(op.name, op.library, MODULE, op.layouts, (), op.init_args, op.call_args,
+                  definitions=op.definitions)
+    runs_on, keeps_rank, failures = [], [], []
+    for layout_name in op.layouts:
+        layout = LAYOUTS[layout_name]
+        shape = (2, *layout.sizes[1:])
+        try:
+            out = _run_inlined(spec, layout, shape)
+            if isinstance(out, (tuple, list)) and spec.output_item is None:
+                spec = OpSpec(**{**spec.__dict__, "output_item": 0})
+                out = out[0]
+            _check_output(out, None)
+        except ProbeFailure as failure:
+            failures.append((failure.args[0], failure.args[1] if len(failure.args) > 1 else ""))
+            continue
+        runs_on.append(layout_name)
+        if out.dim() == len(shape):
+            keeps_rank.append(layout_name)
+    if not runs_on:
+        code, detail = _most_telling(failures)
+        return SkippedOp(op.name, op.library, MODULE, code, detail)
+    return _with_seed(OpSpec(**{**spec.__dict__, "layouts": tuple(runs_on), "keeps_rank": tuple(keeps_rank)}))
+
+
+def _run_inlined(spec: OpSpec, layout, shape):
+    try:
+        return chain_output([bind(spec, layout, shape)], layout, shape, device="cpu")
+    except Exception as error:  # the library's own code failing on this layout rules it out
+        raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
 
 
 def module_recipes(cls) -> list[dict]:
@@ -130,7 +167,7 @@ def _probe_layouts(obj, name, library, kind, recipe):
 def _run_once(obj, kind, recipe, layout_name):
     layout = LAYOUTS[layout_name]
     shape = PROBE_SIZES[layout_name]
-    args = {key: resolve(value, shape, layout.channel_axis) for key, value in recipe.items()}
+    args = {key: _probe_value(resolve(value, shape, layout.channel_axis)) for key, value in recipe.items()}
     positional = args.pop("__args__", ())
     x = torch.rand(shape)
     try:
@@ -143,6 +180,10 @@ def _run_once(obj, kind, recipe, layout_name):
     return out, x
 
 
+def _probe_value(value):
+    return torch.randn(value.shape) if isinstance(value, Weight) else value
+
+
 def _check_output(out, x) -> None:
     if not isinstance(out, torch.Tensor):
         raise ProbeFailure("tuple_output" if isinstance(out, (tuple, list)) else "non_tensor_output", type(out).__name__)
@@ -150,7 +191,7 @@ def _check_output(out, x) -> None:
         raise ProbeFailure("non_float_output", str(out.dtype))
     if out.dim() == 0 or out.numel() == 0:
         raise ProbeFailure("scalar_output", f"shape {tuple(out.shape)}")
-    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+    if x is not None and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         raise ProbeFailure("view_only", "output shares its storage with the input")
 
 
@@ -158,16 +199,16 @@ def _with_seed(spec: OpSpec) -> OpSpec:
     """Attach the seed task (the op alone, on its first layout at default sizes) and its output."""
     layout = LAYOUTS[spec.layouts[0]]
     bound = bind(spec, layout, layout.sizes)
-    out = _meta_output(bound, layout.sizes)
+    out = _meta_output(bound, layout)
     seed = render_task([bound], layout, layout.sizes)
     return OpSpec(**{**spec.__dict__, "seed_code": seed,
                      "output_shape": tuple(out.shape) if out is not None else (),
                      "output_dtype": str(out.dtype).replace("torch.", "") if out is not None else ""})
 
 
-def _meta_output(bound: BoundOp, shape):
+def _meta_output(bound: BoundOp, layout):
     try:
-        return chain_output([bound], shape)
+        return chain_output([bound], layout, layout.sizes)
     except Exception:  # the seed still goes to the filters, which say why it fails
         return None
 

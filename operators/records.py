@@ -14,8 +14,12 @@ class OpSpec:
 
     `init_args` and `call_args` are recipes: each value is a literal, or a reference to the
     input's shape (`"$C"` the channel size, `"$L"` the last dimension) resolved when the op
-    is placed in a chain. `layouts` lists the input layouts the op was probed on and ran;
-    `keeps_rank` those where its output has the input's rank (so it can sit mid-chain).
+    is placed in a chain, or `"$=<expression of x>"` for an input computed from the chain's
+    tensor (rotary tables, position ids). `layouts` lists the input layouts the op was
+    probed on and ran; `keeps_rank` those where its output has the input's rank (so it can
+    sit mid-chain). `definitions` is self-contained source defining the op (an inlined
+    library class) when the op is not importable from torch; `output_item` picks the
+    tensor out of an op that returns a tuple.
     """
 
     name: str
@@ -28,6 +32,8 @@ class OpSpec:
     output_shape: tuple[int, ...] = ()
     output_dtype: str = ""
     seed_code: str = ""
+    definitions: str = ""
+    output_item: int | None = None
 
     def to_row(self) -> dict:
         row = asdict(self)
@@ -51,6 +57,8 @@ class OpSpec:
             output_shape=tuple(row["output_shape"]),
             output_dtype=row["output_dtype"],
             seed_code=row["seed_code"],
+            definitions=row.get("definitions") or "",
+            output_item=row.get("output_item"),
         )
 
 
@@ -63,6 +71,20 @@ class SkippedOp:
     kind: str
     reason: str
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class InlinedOp:
+    """A library class made self-contained by a source, ready to probe: `definitions`
+    defines `class_name` with torch alone; the args are recipes as in OpSpec."""
+
+    name: str
+    library: str
+    class_name: str
+    definitions: str
+    init_args: dict
+    call_args: dict
+    layouts: tuple[str, ...]
 
 
 def _json_dict(value) -> dict:

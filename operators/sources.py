@@ -1,7 +1,8 @@
 """Op sources: where the crawl finds operators.
 
 A source is a callable returning (display name, object) pairs for one library. Built-in
-sources are `torch`; any importable module name is crawled by walking its public names;
+sources are `torch` and `transformers` (layer classes inlined into self-contained source,
+yielded as InlinedOp); any importable module name is crawled by walking its public names;
 third-party packages register more under the entry-point group `opsynth.op_sources`.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from operators.transformers_source import transformers_ops
+
 ENTRY_POINT_GROUP = "opsynth.op_sources"
 # A source yields (qualified name, object) pairs, or (name, object, call recipe) when it
 # knows arguments that work (torch's OpInfo samples); the prober fills in the rest.
@@ -22,6 +25,11 @@ OpSource = Callable[[], Iterable[tuple]]
 
 class UnknownLibrary(ValueError):
     """A --library value that is neither a registered source nor an importable module."""
+
+
+def library_name(library: str) -> str:
+    """The library an op of this --library value belongs to: `transformers:llama` -> transformers."""
+    return library.partition(":")[0].split(".")[0]
 
 
 def torch_ops() -> Iterable[tuple[str, object]]:
@@ -100,7 +108,7 @@ def module_ops(module_name: str) -> OpSource:
     return walk
 
 
-BUILTIN_SOURCES: dict[str, OpSource] = {"torch": torch_ops}
+BUILTIN_SOURCES: dict[str, OpSource] = {"torch": torch_ops, "transformers": transformers_ops}
 
 
 def registered_sources() -> dict[str, OpSource]:
@@ -113,9 +121,14 @@ def registered_sources() -> dict[str, OpSource]:
 
 
 def source_for(library: str) -> OpSource:
+    """The source for a --library value: a registered name, optionally with a selector after
+    a colon that the source receives (`transformers:llama,bert` crawls two families), or an
+    importable module name."""
     sources = registered_sources()
-    if library in sources:
-        return sources[library]
+    name, _, selector = library.partition(":")
+    if name in sources:
+        source = sources[name]
+        return (lambda: source(selector.split(","))) if selector else source
     try:
         importlib.import_module(library)
     except ImportError as error:

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib
 import re
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from operators.layouts import Layout, resolve
+from operators.layouts import Layout, Weight, resolve
 from operators.records import MODULE, OpSpec
 
 HEADER_IMPORTS = ("import torch", "import torch.nn as nn", "import torch.nn.functional as F")
 ALIASES = (("torch.nn.functional.", "F."), ("torch.nn.", "nn."), ("torch.", "torch."))
+COMPUTED = "$="  # a call argument computed from the chain's tensor: "$=position_ids(x)"
 
 
 @dataclass(frozen=True)
@@ -41,46 +41,43 @@ def bind(spec: OpSpec, layout: Layout, shape: tuple[int, ...]) -> BoundOp:
     return BoundOp(spec, init_kwargs, call_kwargs)
 
 
-def load_op(op_name: str):
-    """Import the object an OpSpec name points at (torch.nn.Conv2d, torch.cumsum, pkg.mod.op)."""
-    module_path, _, attr = op_name.rpartition(".")
-    return getattr(importlib.import_module(module_path), attr)
-
-
-def chain_output(chain: list[BoundOp], shape: tuple[int, ...]) -> torch.Tensor:
-    """Run a chain on shape-only tensors (the meta device), falling back to real CPU tensors
-    for ops without a meta kernel. Only our own crawled ops run here, never candidate code."""
+def chain_output(chain: list[BoundOp], layout: Layout, shape: tuple[int, ...], device: str | None = None):
+    """Build and run the task the chain renders to, on shape-only tensors (the meta device),
+    falling back to real CPU tensors for ops without a meta kernel. The code is our own
+    rendering of crawled ops, never candidate code. Returns what Model.forward returns."""
+    code = render_task(chain, layout, shape)
+    if device is not None:
+        return _run_task(code, torch.device(device))
     try:
-        return _run_chain(chain, shape, torch.device("meta"))
+        return _run_task(code, torch.device("meta"))
     except (NotImplementedError, RuntimeError):
-        return _run_chain(chain, shape, torch.device("cpu"))
+        return _run_task(code, torch.device("cpu"))
 
 
-def _run_chain(chain, shape, device):
+def _run_task(code: str, device: torch.device):
+    namespace = {"__name__": "opsynth_chain"}
     with torch.device(device), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        x = torch.rand(shape) if device.type != "meta" else torch.empty(shape)
-        for bound in chain:
-            op = load_op(bound.spec.name)
-            if bound.spec.kind == MODULE:
-                op = op(**bound.init_kwargs).eval()
-            kwargs = dict(bound.call_kwargs)
-            x = op(x, *kwargs.pop("__args__", ()), **kwargs)
-    return x
+        exec(compile(code, "<chain>", "exec"), namespace)
+        model = namespace["Model"](*namespace["get_init_inputs"]())
+        return model(*namespace["get_inputs"]())
 
 
-def call_path(op_name: str) -> str:
-    """How the task source spells the op: nn.Conv2d, F.gelu, torch.cumsum, pkg.mod.op."""
+def call_path(spec: OpSpec) -> str:
+    """How the task source spells the op: nn.Conv2d, F.gelu, torch.cumsum, pkg.mod.op, or the
+    class name of an op whose definitions travel with the task."""
+    if spec.definitions:
+        return spec.name.rsplit(".", 1)[-1]
     for prefix, alias in ALIASES:
-        if op_name.startswith(prefix):
-            return alias + op_name[len(prefix):]
-    return op_name
+        if spec.name.startswith(prefix):
+            return alias + spec.name[len(prefix):]
+    return spec.name
 
 
-def extra_import(op_name: str) -> str | None:
-    if op_name.startswith("torch."):
+def extra_import(spec: OpSpec) -> str | None:
+    if spec.name.startswith("torch.") or spec.definitions:
         return None
-    return f"import {op_name.rsplit('.', 1)[0]}"
+    return f"import {spec.name.rsplit('.', 1)[0]}"
 
 
 def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) -> str:
@@ -92,6 +89,9 @@ def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) ->
         for param, value in bound.init_kwargs.items()
     ]
     lines = _header(chain)
+    definitions = merge_definitions([bound.spec for bound in chain])
+    if definitions:
+        lines += [definitions, ""]
     lines += [f"{dim} = {size}" for dim, size in zip(layout.dims, sizes)]
     lines += [f"{name} = {value!r}" for name, value in init_constants]
     lines += ["", "", *_model_class(chain, slugs, [name for name, _ in init_constants])]
@@ -101,7 +101,7 @@ def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) ->
 
 
 def _header(chain: list[BoundOp]) -> list[str]:
-    extra = sorted({imp for b in chain if (imp := extra_import(b.spec.name))})
+    extra = sorted({imp for b in chain if (imp := extra_import(b.spec))})
     return [*HEADER_IMPORTS, *extra, ""]
 
 
@@ -117,7 +117,10 @@ def _model_class(chain: list[BoundOp], slugs: list[str], init_params: list[str])
     for slug, bound in zip(slugs, chain):
         if bound.spec.kind == MODULE:
             args = ", ".join(f"{param}={slug}_{param}" for param in bound.init_kwargs)
-            lines.append(f"        self.{slug} = {call_path(bound.spec.name)}({args})")
+            lines.append(f"        self.{slug} = {call_path(bound.spec)}({args})")
+        for key, value in bound.call_kwargs.items():
+            if isinstance(value, Weight):
+                lines.append(f"        self.{slug}_{key} = nn.Parameter(torch.randn({', '.join(map(str, value.shape))}))")
     lines += ["", "    def forward(self, x):"]
     for slug, bound in zip(slugs, chain):
         lines.append(f"        x = {_call_expr(slug, bound)}")
@@ -126,11 +129,52 @@ def _model_class(chain: list[BoundOp], slugs: list[str], init_params: list[str])
 
 
 def _call_expr(slug: str, bound: BoundOp) -> str:
-    positional = "".join(f", {value!r}" for value in bound.call_kwargs.get("__args__", ()))
-    kwargs = positional + "".join(f", {key}={value!r}" for key, value in bound.call_kwargs.items() if key != "__args__")
-    if bound.spec.kind == MODULE:
-        return f"self.{slug}(x{kwargs})"
-    return f"{call_path(bound.spec.name)}(x{kwargs})"
+    kwargs = dict(bound.call_kwargs)
+    first = f"{kwargs.pop('__input__')}=x" if "__input__" in kwargs else "x"
+    positional = "".join(f", {value!r}" for value in kwargs.pop("__args__", ()))
+    keywords = "".join(f", {key}={_argument_source(value, f'self.{slug}_{key}')}" for key, value in kwargs.items())
+    callee = f"self.{slug}" if bound.spec.kind == MODULE else call_path(bound.spec)
+    item = f"[{bound.spec.output_item}]" if bound.spec.output_item is not None else ""
+    return f"{callee}({first}{positional}{keywords}){item}"
+
+
+def _argument_source(value, weight_attribute: str) -> str:
+    if isinstance(value, Weight):
+        return weight_attribute
+    if isinstance(value, str) and value.startswith(COMPUTED):
+        return value[len(COMPUTED):]
+    return repr(value)
+
+
+def merge_definitions(specs: list[OpSpec]) -> str:
+    """The definitions of every op in a chain as one block: imports first, each top-level
+    name once. Two ops defining one name differently cannot share a task (ValueError)."""
+    imports, definitions = [], {}
+    for spec in specs:
+        if not spec.definitions:
+            continue
+        source = spec.definitions.splitlines()
+        for node in ast.parse(spec.definitions).body:
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            text = "\n".join(source[first - 1:node.end_lineno])
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if text not in imports and text not in HEADER_IMPORTS:
+                    imports.append(text)
+                continue
+            name = _defined_name(node)
+            if definitions.setdefault(name, text) != text:
+                raise ValueError(f"{name} is defined differently by two ops of the chain")
+    if not imports and not definitions:
+        return ""
+    return "\n".join(imports) + ("\n\n\n" if imports else "") + "\n\n\n".join(definitions.values())
+
+
+def _defined_name(node: ast.stmt) -> str:
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return ast.unparse(node)
 
 
 def _unique_slugs(chain: list[BoundOp]) -> list[str]:

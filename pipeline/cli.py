@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from pipeline.config import ConfigError
@@ -134,18 +135,20 @@ def _crawl(args, beam_args) -> int:
 
     import pyarrow.parquet as pq
 
-    from operators.catalog import load_or_crawl
+    from operators.catalog import coverage_summary, load_or_crawl
     from operators.sources import UnknownLibrary
-    from pipeline.config import default_cache_dir
+    from pipeline.config import DEFAULT_LIBRARIES, default_cache_dir
 
+    began = time.perf_counter()
     try:
-        cached, specs = load_or_crawl(args.libraries or ["torch"], Path(args.cache_dir or default_cache_dir()))
+        cached, specs = load_or_crawl(args.libraries or list(DEFAULT_LIBRARIES),
+                                      Path(args.cache_dir or default_cache_dir()))
     except UnknownLibrary as error:
         raise ConfigError(str(error)) from None
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cached, args.out)
-    total = pq.read_metadata(args.out).num_rows
-    print(f"{args.out}: {len(specs)} runnable ops, {total - len(specs)} listed with the reason they were skipped")
+    print(coverage_summary(args.out))
+    print(f"{args.out} in {time.perf_counter() - began:.1f} s")
     return 0
 
 

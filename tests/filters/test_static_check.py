@@ -32,6 +32,15 @@ def test_each_static_reason(code, reason):
     assert rejected is not None and rejected[0] == reason, rejected
 
 
+def test_a_parameter_named_like_a_builtin_is_a_variable_not_the_builtin():
+    helper = "def scaled(input, open):\n    return input * open\n"
+    assert static_check(make_task("return scaled(x, 2.0)", header=helper)) is None
+    # ...but only inside the function that binds it
+    leaky = "def scaled(input):\n    return input\n"
+    rejected = static_check(make_task("return input(x)", header=leaky))
+    assert rejected is not None and rejected[0] == "forbidden_call"
+
+
 def test_dropout_module_in_init_is_allowed_because_the_harness_runs_eval():
     code = make_task("return self.drop(x)", init="self.drop = nn.Dropout(0.1)")
     assert static_check(code) is None

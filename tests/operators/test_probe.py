@@ -47,6 +47,25 @@ def test_builtin_without_signature_is_probed_with_call_patterns():
     assert isinstance(spec, OpSpec) and spec.call_args == {"dim": -1}
 
 
+@pytest.mark.parametrize("op, name, call_args, parameter", [
+    (torch.maximum, "torch.maximum", {"other": "$W"}, "self.maximum_other = nn.Parameter(torch.randn(512))"),
+    (torch.mm, "torch.mm", {"mat2": "$M"}, "self.mm_mat2 = nn.Parameter(torch.randn(512, 512))"),
+])
+def test_binary_ops_get_a_learned_operand(op, name, call_args, parameter):
+    spec = probe(op, name, "torch")
+    assert isinstance(spec, OpSpec) and spec.call_args == call_args
+    assert parameter in spec.seed_code
+    namespace = {}
+    exec(spec.seed_code, namespace)
+    model = namespace["Model"](*namespace["get_init_inputs"]())
+    assert [n for n, _ in model.named_parameters()] == [name.split(".")[-1] + "_" + next(iter(call_args))]
+
+
+def test_bounds_are_the_last_call_pattern():
+    spec = probe(torch.clamp, "torch.clamp", "torch")
+    assert spec.call_args == {"min": 0.25} and "torch.clamp(x, min=0.25)" in spec.seed_code
+
+
 def test_reduction_to_lower_rank_runs_but_does_not_keep_rank():
     spec = probe(torch.logsumexp, "torch.logsumexp", "torch")
     assert spec.layouts and not spec.keeps_rank
@@ -80,4 +99,4 @@ def test_opinfo_samples_supply_arguments_that_signature_probing_cannot(torch_cat
     namespace = {}
     exec(roll.seed_code, namespace)
     namespace["Model"](*namespace["get_init_inputs"]())(*namespace["get_inputs"]())
-    assert len(specs) >= 250 and any(name.startswith("torch.special.") for name in specs)
+    assert len(specs) >= 300 and any(name.startswith("torch.special.") for name in specs)

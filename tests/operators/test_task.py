@@ -16,7 +16,7 @@ def specs(torch_catalog):
 def test_rendered_chain_is_a_task_in_the_kernelbench_format(specs):
     layout = LAYOUTS["image"]
     conv = bind(specs["torch.nn.Conv2d"], layout, layout.sizes)
-    after = tuple(chain_output([conv], layout.sizes).shape)
+    after = tuple(chain_output([conv], layout, layout.sizes).shape)
     gelu = bind(specs["torch.nn.functional.gelu"], layout, after)
     code = render_task([conv, gelu], layout, layout.sizes)
     assert static_check(code) is None
@@ -39,7 +39,7 @@ def test_task_id_ignores_comments_docstrings_and_formatting():
 def test_meta_shape_matches_a_real_run(specs):
     layout = LAYOUTS["signal"]
     pool = bind(specs["torch.nn.MaxPool1d"], layout, layout.sizes)
-    shape = tuple(chain_output([pool], layout.sizes).shape)
+    shape = tuple(chain_output([pool], layout, layout.sizes).shape)
     real = torch.nn.MaxPool1d(kernel_size=3)(torch.rand(layout.sizes))
     assert shape == tuple(real.shape)
     ast.parse(render_task([pool], layout, layout.sizes))

@@ -1,4 +1,6 @@
 """Usage errors: one clear line naming the problem, exit code 2, no traceback."""
+import re
+
 import pytest
 import torch
 
@@ -66,3 +68,16 @@ def test_validate_reaudits_a_folder_and_records_each_source(tmp_path, capsys):
     assert [r["source"] for r in pq.read_table(out / "data").to_pylist()] == ["good.py"]
     code, err = run_cli(capsys, "validate", str(tmp_path / "nothing"), "--out", str(out))
     assert code == 2 and "not a folder" in err
+
+
+def test_crawl_reports_counts_per_library_and_kind_and_a_second_crawl_is_cached(capsys, tmp_path):
+    args = ["crawl", "--library", "transformers:llama", "--cache-dir", str(tmp_path / "cache")]
+    assert main(args + ["--out", str(tmp_path / "first.parquet")]) == 0
+    report = capsys.readouterr().out
+    assert re.search(r"transformers: \d+ runnable \(\d+ modules, 0 functions\) from 1 model families", report)
+    assert "not_layer_level" in report
+    cached = list((tmp_path / "cache" / "catalogs").glob("*.parquet"))
+    modified = cached[0].stat().st_mtime_ns
+    assert main(args + ["--out", str(tmp_path / "second.parquet")]) == 0
+    assert cached[0].stat().st_mtime_ns == modified  # served from the cache, not crawled again
+    assert (tmp_path / "second.parquet").read_bytes() == (tmp_path / "first.parquet").read_bytes()
