@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/opsynth run $(ARGS)
+	$(BIN)/opsynth run --config demo $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -15,6 +15,7 @@ import yaml
 from pipeline.composers.template import DEFAULT_OP_COUNT_MIX
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
+DEFAULT_LIBRARIES = ("torch", "transformers")
 COMPOSERS = ("template", "llm")
 LLM_DEFAULTS = {"model": None, "base_url": None, "api_key_env": "OPENAI_API_KEY", "temperature": 0.7,
                 "max_tokens": 4096, "timeout_s": 120.0, "concurrency": 8, "max_attempts": 6, "backoff_s": 1.0,
@@ -41,7 +42,7 @@ class RunConfig:
     reference_levels: list = field(default_factory=lambda: [1, 2, 3])
     similarity_threshold: float = 0.9
     dedupe_threshold: float = 0.95
-    libraries: list = field(default_factory=lambda: ["torch"])
+    libraries: list = field(default_factory=lambda: list(DEFAULT_LIBRARIES))
     ops: list = field(default_factory=list)  # names or glob patterns; empty: every op in the catalog
     library_mix: dict = field(default_factory=lambda: {"transformers": 0.012})
     llm: dict = field(default_factory=lambda: dict(LLM_DEFAULTS))

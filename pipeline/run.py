@@ -52,14 +52,14 @@ def run(cfg: RunConfig) -> dict:
     out_dir = prepare_out_dir(cfg.out)
     _log_to(out_dir / "run.log")
     cache_dir = Path(cfg.cache_dir)
+    llm = llm_settings(cfg)  # configuration problems surface before the (first-time, minutes-long) crawl
+    reference = _load_reference(cfg)
     _, catalog = load_or_crawl(cfg.libraries, cache_dir)
     try:
         catalog = select_ops(catalog, cfg.ops)
     except NoOpsSelected as error:
         raise ConfigError(str(error)) from None
-    llm = llm_settings(cfg)
     log.info("catalog: %d runnable ops from %s", len(catalog), ", ".join(cfg.libraries))
-    reference = _load_reference(cfg)
     if not reference:
         log.warning("NO REFERENCE BENCHMARK (--reference): tasks are NOT decontaminated against KernelBench; "
                     "the dataset card will say so")
@@ -285,7 +285,7 @@ def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, work
     with beam.Pipeline(options=options) as pipeline:
         batch = 2 * llm.concurrency if llm else 16
         candidates, compose_rejects = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> ComposeCandidates(
-            cfg.composer, catalog, cfg.op_count_mix, cfg.seed, llm, str(cache_dir), batch))
+            cfg.composer, catalog, cfg.op_count_mix, cfg.seed, llm, str(cache_dir), batch, cfg.library_mix))
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
                                                                       str(cache_dir / "verdicts"))

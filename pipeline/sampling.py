@@ -1,5 +1,6 @@
-"""Op-tuple sampling for the LLM composer: the configured op-count mix, a minimum share per
-library (kept as a running quota, so it holds at every prefix of the run), balanced
+"""Op-tuple sampling for the LLM composer: the configured op-count mix, a share per library
+(kept as a running quota, so it holds at every prefix of the run; a library in the mix
+appears only in the tuples it leads, the rest draw from the other libraries), balanced
 coverage (every op is used before any is reused), and no tuple twice.
 
 Sampling is a pure function of (catalog, configuration, seed, how many tuples): the n-th
@@ -36,6 +37,8 @@ def sample_tuples(catalog: list[OpSpec], count: int, op_count_mix: dict[int, flo
     by_library: dict[str, list[str]] = {}
     for spec in catalog:
         by_library.setdefault(spec.library, []).append(spec.name)
+    # Ops of a library in the mix appear only in the tuples it leads, at its share.
+    base = sorted(spec.name for spec in catalog if spec.library not in library_mix) or names
     uses: Counter = Counter({name: 0 for name in names})
     seen: set[tuple[str, ...]] = set()
     tuples = []
@@ -44,10 +47,10 @@ def sample_tuples(catalog: list[OpSpec], count: int, op_count_mix: dict[int, flo
         library = _behind_quota(library_mix, by_library, led_by, len(tuples))
         for _ in range(100):
             size = min(draw_op_count(rng, op_count_mix), len(names))
-            first_pool = sorted(by_library[library]) if library else names
+            first_pool = sorted(by_library[library]) if library else base
             picked = [_least_used(rng, first_pool, uses, ())]
             while len(picked) < size:
-                picked.append(_least_used(rng, names, uses, picked))
+                picked.append(_least_used(rng, base, uses, picked))
             candidate = tuple(picked)
             if candidate not in seen:
                 break

@@ -33,9 +33,9 @@ class ComposeCandidates(beam.PTransform):
     Jobs are batched so an LLM composer can keep several requests in flight."""
 
     def __init__(self, kind: str, catalog: list[OpSpec], op_count_mix: dict, run_seed: int,
-                 llm_settings=None, cache_dir: str = "", batch: int = 16):
+                 llm_settings=None, cache_dir: str = "", batch: int = 16, library_mix: dict | None = None):
         super().__init__()
-        self.args = (kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir)
+        self.args = (kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir, library_mix)
         self.batch = batch
 
     def expand(self, jobs):
@@ -46,12 +46,14 @@ class ComposeCandidates(beam.PTransform):
 
 
 class _ComposeFn(beam.DoFn):
-    def __init__(self, kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir):
+    def __init__(self, kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir, library_mix):
         self.kind, self.catalog, self.op_count_mix = kind, catalog, op_count_mix
         self.run_seed, self.llm_settings, self.cache_dir = run_seed, llm_settings, cache_dir
+        self.library_mix = library_mix
 
     def setup(self):
-        self.composer = make_composer(self.kind, self.catalog, self.op_count_mix, self.llm_settings, self.cache_dir)
+        self.composer = make_composer(self.kind, self.catalog, self.op_count_mix, self.llm_settings, self.cache_dir,
+                                      self.library_mix)
 
     def process(self, jobs: list[dict]):
         for result in self.composer.compose_many(jobs, self.run_seed):

@@ -54,12 +54,26 @@ def reference_dir(tmp_path_factory, torch_catalog):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, cache_dir, reference_dir):
     out = tmp_path_factory.mktemp("run")
+    config = tmp_path_factory.mktemp("config") / "run.yaml"
+    # Two transformers families keep the crawl short; every fourth candidate starts from one.
+    config.write_text('libraries: [torch, "transformers:llama,bert"]\nlibrary_mix: {transformers: 0.25}\n')
     command = [sys.executable, "-m", "pipeline.cli", "run", "--num-samples", "2", "--max-candidates", "12",
                "--out", str(out), "--cache-dir", str(cache_dir), "--workers", "2", "--seed", "1",
-               "--reference", str(reference_dir)]
+               "--reference", str(reference_dir), "--config", str(config)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return out, command, result.stderr
+
+
+def test_the_run_draws_transformers_layers_inlined_without_transformers(run_dir):
+    out, _, _ = run_dir
+    rows = pq.read_table(out / "data").to_pylist() + pq.read_table(out / "rejects").to_pylist()
+    composed = [row for row in rows if row["code"]]
+    from_transformers = [row for row in composed if row["data_source"].startswith("transformers#")]
+    assert from_transformers
+    assert all(any(op.startswith("transformers.models.") for op in row["ops"]) for row in from_transformers)
+    assert not any("transformers" in line for row in composed for line in row["code"].splitlines()
+                   if line.startswith(("import", "from")))
 
 
 def test_run_writes_the_design_layout_and_loads_with_datasets(run_dir):

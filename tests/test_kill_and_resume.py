@@ -15,7 +15,7 @@ def test_sigkill_mid_run_then_the_same_command_finishes_cleanly(tmp_path, cache_
     out = tmp_path / "killed"
     store = cache_dir / "verdicts"
     command = [sys.executable, "-m", "pipeline.cli", "run", "--num-samples", "6", "--out", str(out),
-               "--cache-dir", str(cache_dir), "--seed", "5", "--",
+               "--cache-dir", str(cache_dir), "--seed", "5", "--library", "torch", "--",
                "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
     before = set(store.rglob("*.json")) if store.exists() else set()
     first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -10,10 +10,11 @@ from pathlib import Path
 from operators.records import OpSpec
 
 
-def make_composer(kind: str, catalog: list[OpSpec], op_count_mix: dict, llm_settings, cache_dir: str):
+def make_composer(kind: str, catalog: list[OpSpec], op_count_mix: dict, llm_settings, cache_dir: str,
+                  library_mix: dict | None = None):
     if kind == "template":
         from pipeline.composers.template import TemplateComposer
-        return TemplateComposer(catalog, op_count_mix)
+        return TemplateComposer(catalog, op_count_mix, library_mix)
     if kind == "llm":
         from pipeline.composers.llm import LLMComposer
         return LLMComposer(catalog, llm_settings, Path(cache_dir))

@@ -6,6 +6,7 @@ pure function of (run seed, candidate index): a rerun composes the same candidat
 """
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -26,11 +27,15 @@ class CompositionFailed(Exception):
 class TemplateComposer:
     name = "template"
 
-    def __init__(self, catalog: list[OpSpec], op_count_mix: dict[int, float] | None = None):
+    def __init__(self, catalog: list[OpSpec], op_count_mix: dict[int, float] | None = None,
+                 library_mix: dict[str, float] | None = None):
         if not catalog:
             raise ValueError("the operator catalog is empty: crawl at least one library")
         self.catalog = sorted(catalog, key=lambda spec: spec.name)
         self.op_count_mix = dict(op_count_mix or DEFAULT_OP_COUNT_MIX)
+        self.library_mix = {lib: share for lib, share in (library_mix or {}).items()
+                            if any(spec.library == lib for spec in self.catalog)}
+        self.base = [spec for spec in self.catalog if spec.library not in self.library_mix] or self.catalog
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list:
         """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits."""
@@ -47,8 +52,10 @@ class TemplateComposer:
     def compose(self, index: int, run_seed: int) -> Candidate:
         rng = random.Random(f"{run_seed}:{index}")
         num_ops = draw_op_count(rng, self.op_count_mix)
+        lead = lead_library(index, self.library_mix)
+        first_pool = [spec for spec in self.catalog if spec.library == lead] if lead else self.base
         for _ in range(ATTEMPTS):
-            built = self._try_chain(rng, num_ops)
+            built = self._try_chain(rng, num_ops, first_pool)
             if built:
                 chain, layout = built
                 code = render_task(chain, layout, layout.sizes)
@@ -59,20 +66,20 @@ class TemplateComposer:
                 )
         raise CompositionFailed(f"no runnable chain of {num_ops} ops after {ATTEMPTS} draws")
 
-    def _try_chain(self, rng: random.Random, num_ops: int):
-        layout = LAYOUTS[rng.choice(sorted({name for spec in self.catalog for name in spec.keeps_rank or spec.layouts}))]
+    def _try_chain(self, rng: random.Random, num_ops: int, first_pool: list[OpSpec]):
+        layout = LAYOUTS[rng.choice(sorted({name for spec in first_pool for name in spec.keeps_rank or spec.layouts}))]
         chain: list[BoundOp] = []
         shape = layout.sizes
         for position in range(num_ops):
             last = position == num_ops - 1
-            choices = [spec for spec in self.catalog
+            choices = [spec for spec in (first_pool if position == 0 else self.base)
                        if layout.name in (spec.layouts if last else spec.keeps_rank)
                        and spec.name not in {b.spec.name for b in chain}]
             if not choices:
                 return None
             bound = bind(rng.choice(choices), layout, shape)
             try:
-                out = chain_output(chain + [bound], layout.sizes)
+                out = chain_output(chain + [bound], layout, layout.sizes)
             except Exception:  # this op does not fit here; draw the chain again
                 return None
             if out.numel() == 0 or out.numel() > MAX_ELEMENTS:
@@ -80,6 +87,15 @@ class TemplateComposer:
             chain.append(bound)
             shape = tuple(out.shape)
         return chain, layout
+
+
+def lead_library(index: int, library_mix: dict[str, float]) -> str | None:
+    """The library candidate `index` starts from: each library of the mix leads its share of
+    candidates at every prefix of the run; the rest draw from the other libraries only."""
+    for library, share in sorted(library_mix.items()):
+        if math.floor(share * (index + 1)) > math.floor(share * index):
+            return library
+    return None
 
 
 def draw_op_count(rng: random.Random, mix: dict[int, float]) -> int:

@@ -116,6 +116,8 @@ def test_library_mix_and_op_globs(torch_catalog):
     led = [t[0].startswith("mylib.") for t in tuples]
     assert all(sum(led[:n]) >= 0.05 * n for n in range(1, len(led) + 1))  # the minimum holds at every prefix
     assert sum(led) <= 0.05 * len(led) + 1
+    # the library's ops appear only in the tuples it leads, never as a torch tuple's partner
+    assert not any(name.startswith("mylib.") for t in tuples if not t[0].startswith("mylib.") for name in t)
     assert {s.name for s in select_ops(catalog, ["torch.nn.Conv?d"])} == {
         "torch.nn.Conv1d", "torch.nn.Conv2d", "torch.nn.Conv3d"}
     with pytest.raises(NoOpsSelected, match="matches no operator"):
@@ -131,7 +133,8 @@ def test_run_with_the_llm_composer_through_faults_then_a_rerun_sends_nothing(tmp
         env.pop("OPENAI_API_KEY", None)
         command = [sys.executable, "-m", "pipeline.cli", "run", "--composer", "llm", "--llm-model", "standin-1",
                    "--ops", ",".join(OPS), "--num-samples", "4", "--max-candidates", "20", "--out", str(out),
-                   "--cache-dir", str(cache_dir), "--workers", "2", "--config", str(_fast_llm_config(tmp_path))]
+                   "--cache-dir", str(cache_dir), "--workers", "2", "--library", "torch",
+                   "--config", str(_fast_llm_config(tmp_path))]
         first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         assert first.returncode == 0, first.stderr[-3000:]
         sent = llm.requests
@@ -182,7 +185,7 @@ def test_a_dead_endpoint_ends_the_run_with_a_clear_message_and_keeps_nothing_hal
     config.write_text("llm:\n  timeout_s: 1\n  backoff_s: 0.01\n  max_attempts: 2\n")
     command = [sys.executable, "-m", "pipeline.cli", "run", "--composer", "llm", "--llm-model", "m", "--ops",
                ",".join(OPS), "--num-samples", "2", "--out", str(out), "--cache-dir", str(cache_dir),
-               "--config", str(config)]
+               "--library", "torch", "--config", str(config)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 3 and "the LLM endpoint stayed down" in done.stderr
     assert "run the same command again" in done.stderr
