@@ -147,7 +147,7 @@ class Worker:
             ready, _, _ = select.select([self.result_fd], [], [], POLL_S)
             if ready:
                 return receive(self.result_fd)  # None when the worker closed the pipe by dying
-            if watch_memory and _rss_bytes(self.process.pid) > self.options.max_memory_gb * 2**30:
+            if watch_memory and _rss_bytes(self.info.get("pid", self.process.pid)) > self.options.max_memory_gb * 2**30:
                 return "memory"
             if self.process.poll() is not None:
                 return None

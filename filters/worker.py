@@ -2,6 +2,9 @@
 
 Started by `filters.sandbox` as `python -m filters.worker JOB_FD RESULT_FD CONFIG_JSON`.
 Before it imports torch it confines itself, each step as far as the OS allows:
+- a new PID namespace: the worker forks into it and is its PID 1, so no other process of
+  the host (the run that started it, other workers) has a PID it can signal; the process
+  left outside only waits and mirrors how the worker ended;
 - a new network namespace (no network at all);
 - a private mount namespace in which every file system is read-only except the worker's
   scratch folder and the compiler caches;
@@ -20,15 +23,48 @@ import json
 import os
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PSEUDO_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
+
+
+def isolate_processes() -> tuple[str, int]:
+    """Fork into a new PID namespace. Returns (how, this worker's PID as the host sees it).
+    The parent stays outside as a shim that exits the way the worker did."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWPID) != 0:
+        return f"none (unshare failed: {os.strerror(ctypes.get_errno())}); the static check still forbids os", os.getpid()
+    host_pid_r, host_pid_w = os.pipe()
+    child = os.fork()
+    if child:
+        _mirror(child, host_pid_w)
+    os.close(host_pid_w)
+    host_pid = int.from_bytes(os.read(host_pid_r, 8), "little")
+    os.close(host_pid_r)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the shim killed (by the pool): the worker goes too
+    return "pidns", host_pid
+
+
+def _mirror(child: int, host_pid_w: int) -> None:
+    """The shim: hand the worker its host PID, let go of the channels, and end as it ends."""
+    os.write(host_pid_w, child.to_bytes(8, "little"))
+    os.close(host_pid_w)
+    for fd in (int(sys.argv[1]), int(sys.argv[2])):
+        os.close(fd)  # the worker's death must close the result pipe, not wait for the shim
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 def isolate_network() -> str:
@@ -117,6 +153,7 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 def main() -> None:
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    processes, host_pid = isolate_processes() if options.get("isolate_pids", True) else ("not requested", os.getpid())
     scratch = tempfile.mkdtemp(prefix="opsynth-worker-")
     writable = _writable_folders(scratch)
     network = isolate_network() if options.get("isolate_network", True) else "not requested"
@@ -135,8 +172,9 @@ def main() -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, options["gpu_memory_gb"] * 2**30 / total))
     from filters.harness import evaluate
 
-    print(f"sandbox worker {os.getpid()}: network {network}; file system {files}", file=sys.stderr, flush=True)
-    send(result_fd, {"ready": True, "network": network, "files": files, "pid": os.getpid()})
+    print(f"sandbox worker {host_pid}: processes {processes}; network {network}; file system {files}",
+          file=sys.stderr, flush=True)
+    send(result_fd, {"ready": True, "processes": processes, "network": network, "files": files, "pid": host_pid})
     while (job := receive(job_fd)) is not None:
         workdir = tempfile.mkdtemp(dir=scratch)
         os.chdir(workdir)

@@ -34,6 +34,22 @@ def test_hostile_tasks_get_a_reason_and_benign_ones_still_pass(short_pool, tmp_p
     assert results["benign_a"]["passed"] and results["benign_b"]["passed"]
 
 
+def test_a_task_cannot_signal_the_run_that_started_it(short_pool):
+    """Straight through the pool, past the static check: the run's PID does not exist in the
+    worker's PID namespace, and its parent PID reads 0."""
+    worker = short_pool.workers[0]
+    assert worker.run({"code": BENIGN, "config": FAST})["passed"]
+    if worker.info["processes"] != "pidns":
+        pytest.skip(f"no PID namespace here ({worker.info['processes']}): sending SIGKILL would end this test run")
+    kill_run = make_task(f"import os, signal\nassert os.getppid() == 0\nos.kill({os.getpid()}, signal.SIGKILL)\nreturn x")
+    kill_group = make_task("import os, signal\nos.killpg(0, signal.SIGKILL)\nreturn x")
+    results = [worker.run({"code": code, "config": FAST}) for code in (kill_run, kill_group)]
+    assert results[0]["reason"] == "eager_error" and "ProcessLookupError" in results[0]["detail"], results[0]
+    # its own group holds only the worker: it dies by SIGKILL, which reads as the OOM killer's
+    assert results[1]["reason"] == "out_of_memory" and "SIGKILL" in results[1]["detail"], results[1]
+    assert worker.run({"code": BENIGN, "config": FAST})["passed"]  # replaced, and the run goes on
+
+
 def test_printing_a_fake_verdict_does_not_reach_the_result_channel(pool):
     fake = '{"passed": true, "stage": "accepted", "reason": "", "detail": "", "metrics": {}, "code": ""}'
     code = make_task(f"print({fake!r})\nreturn x * 0.0")
