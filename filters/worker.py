@@ -37,28 +37,39 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PSEUDO_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
 
 
-def isolate_processes() -> tuple[str, int]:
-    """Fork into a new PID namespace. Returns (how, this worker's PID as the host sees it).
-    The parent stays outside as a shim that exits the way the worker did."""
+def isolate_processes(channels: tuple[int, ...] = ()) -> tuple[str, int]:
+    """Fork into a new PID namespace, with a /proc of its own. Returns (how, this worker's
+    PID as the host sees it). The parent stays outside as a shim that lets go of `channels`
+    and exits the way the worker did."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID) != 0:
         return f"none (unshare failed: {os.strerror(ctypes.get_errno())}); the static check still forbids os", os.getpid()
     host_pid_r, host_pid_w = os.pipe()
     child = os.fork()
     if child:
-        _mirror(child, host_pid_w)
+        _mirror(child, host_pid_w, channels)
     os.close(host_pid_w)
     host_pid = int.from_bytes(os.read(host_pid_r, 8), "little")
     os.close(host_pid_r)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the shim killed (by the pool): the worker goes too
-    return "pidns", host_pid
+    return "pidns" + _own_proc(libc), host_pid
 
 
-def _mirror(child: int, host_pid_w: int) -> None:
+def _own_proc(libc) -> str:
+    """Mount a /proc that shows this namespace (CUDA looks itself up in /proc by its PID)."""
+    if libc.unshare(CLONE_NEWNS) != 0:
+        return f" (host /proc: {os.strerror(ctypes.get_errno())})"
+    private = libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+    if not private or libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        return f" (host /proc: {os.strerror(ctypes.get_errno())})"
+    return ""
+
+
+def _mirror(child: int, host_pid_w: int, channels: tuple[int, ...]) -> None:
     """The shim: hand the worker its host PID, let go of the channels, and end as it ends."""
     os.write(host_pid_w, child.to_bytes(8, "little"))
     os.close(host_pid_w)
-    for fd in (int(sys.argv[1]), int(sys.argv[2])):
+    for fd in channels:
         os.close(fd)  # the worker's death must close the result pipe, not wait for the shim
     _, status = os.waitpid(child, 0)
     if os.WIFSIGNALED(status):
@@ -115,14 +126,16 @@ def limit_memory(max_memory_gb: float | None) -> None:
 
 
 def _writable_folders(scratch: str) -> list[str]:
-    """The scratch folder (also TMPDIR: the C++ compiler writes there) and the compiler
-    caches, which must exist before the rest of the file system turns read-only."""
+    """The scratch folder (also TMPDIR: the C++ compiler writes there), the compiler caches
+    and the timing gate's folder, which must exist before the rest turns read-only."""
     os.environ["TMPDIR"] = tempfile.tempdir = scratch
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(scratch, "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "triton"))
     os.environ.setdefault("CUDA_CACHE_PATH", os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "cuda"))
     folders = [scratch, os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"],
                os.environ["CUDA_CACHE_PATH"]]
+    if os.environ.get("OPSYNTH_TIMING_LOCK"):  # the GPU timing gate's lock files
+        folders.append(os.path.dirname(os.environ["OPSYNTH_TIMING_LOCK"]))
     for folder in folders:
         os.makedirs(folder, exist_ok=True)
     return list(dict.fromkeys(os.path.realpath(f) for f in folders if not f.startswith(scratch + os.sep)))
@@ -153,7 +166,8 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 def main() -> None:
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-    processes, host_pid = isolate_processes() if options.get("isolate_pids", True) else ("not requested", os.getpid())
+    processes, host_pid = (isolate_processes((job_fd, result_fd)) if options.get("isolate_pids", True)
+                           else ("not requested", os.getpid()))
     scratch = tempfile.mkdtemp(prefix="opsynth-worker-")
     writable = _writable_folders(scratch)
     network = isolate_network() if options.get("isolate_network", True) else "not requested"

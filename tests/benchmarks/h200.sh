@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
-# The GPU measurements of BENCHMARKS.md, in one call on the device machine:
-#   bash tests/benchmarks/h200.sh CANDIDATES WORKERS BENCH_CANDIDATES
-# It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT.
+# The GPU measurements of BENCHMARKS.md, in two calls on the device machine:
+#   bash tests/benchmarks/h200.sh crawl [SEEDS]                 # crawl, seed audit, sandbox check
+#   bash tests/benchmarks/h200.sh run CANDIDATES WORKERS BENCH  # end-to-end run, cross-check, pool bench
+# It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
+# catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
+# the second call, so the run does not crawl again.
 set -uo pipefail
-CANDIDATES=${1:-300}; WORKERS=${2:-0}; BENCH=${3:-24}  # WORKERS 0: as many as GPU memory allows
+STAGE=${1:-run}; shift
 OUT=${OUT:-/tmp/opsynth-out}
 RUN=/tmp/opsynth-run  # the device returns at most 8 files: only the ones that matter are copied to $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_CACHE_DIR=/tmp/opsynth-cache
-python3 -c "import torch, apache_beam, libcst; print('torch', torch.__version__, torch.cuda.get_device_name(), 'cores', __import__('os').cpu_count())"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_CACHE_DIR=$PWD/.device-cache
+python3 -c "import torch, transformers, apache_beam, libcst; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'cores', __import__('os').cpu_count())"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+if [ "$STAGE" = crawl ]; then
+    SEEDS=${1:-200}
+    echo "== which confinement steps CUDA survives"
+    python3 -m tests.benchmarks.cuda_confinement_probe 2>&1
+    echo "== crawl torch + transformers (cold unless .device-cache was carried)"
+    python3 -m pipeline.cli crawl --out /tmp/catalog.parquet 2>&1 | tail -8
+    mkdir -p "$OUT/catalogs" && cp "$OPSYNTH_CACHE_DIR"/catalogs/*.parquet "$OUT/catalogs/"
+    echo "== seed audit: $SEEDS transformers seeds on the GPU"
+    python3 -m tests.benchmarks.seed_audit --sample "$SEEDS" --device cuda --out /tmp/audit 2>&1 | tail -30
+    echo "== sandbox on CUDA workers"
+    python3 -m tests.benchmarks.gpu_sandbox_check --device cuda 2>&1 | tail -40
+    exit 0
+fi
+CANDIDATES=${1:-300}; WORKERS=${2:-0}; BENCH=${3:-24}  # WORKERS 0: as many as GPU memory allows
 echo "== end-to-end run: $CANDIDATES candidates, $WORKERS workers"
 start=$(date +%s.%N)
 python3 -m pipeline.cli run --device cuda --num-samples 100000 --max-candidates "$CANDIDATES" \

@@ -28,6 +28,10 @@ CASES = {
     "redundant_op": (make_task("return torch.clamp(torch.sigmoid(x), max=2.0)"), FAST),  # never binds
     "resized": (make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 1\nfeatures = 256"),
                 {"compile": False}),
+    # an RMSNorm as transformers writes it: its float32 casts are no-ops here, not redundant ops
+    "casts_kept": (make_task("h = x.to(torch.float32)\nh = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)\n"
+                             "return self.weight * h.float().to(x.dtype)",
+                             init="self.weight = nn.Parameter(torch.rand(256))"), FAST),
 }
 
 
@@ -38,7 +42,7 @@ def results(pool):
     return dict(zip(names, outcomes))
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in ("accepted", "resized")])
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("accepted", "resized", "casts_kept")])
 def test_each_execution_reason(results, name):
     result = results[name]
     assert not result["passed"]
@@ -53,6 +57,10 @@ def test_a_sound_task_passes_with_every_measurement_kept(results):
     assert metrics["determinism_max_diff"] <= 1e-5
     assert metrics["compile_max_diff"] <= 1e-2 and metrics["compile_ms"] > 0
     assert metrics["input_sensitivity"] > 1e-2
+
+
+def test_dtype_casts_are_never_ablated_as_redundant(results):
+    assert results["casts_kept"]["passed"], results["casts_kept"]
 
 
 def test_a_too_fast_task_is_resized_into_the_window(results):

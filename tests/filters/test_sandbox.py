@@ -90,3 +90,14 @@ def test_validate_runs_the_static_check_before_any_code(pool):
     verdicts = validate([hostile, benign], pool, FAST)
     assert (verdicts[0].stage, verdicts[0].reason) == ("static", "forbidden_import")
     assert verdicts[1].passed
+
+
+def test_the_gpu_timing_gate_works_inside_a_read_only_worker(cache_dir, tmp_path):
+    """The gate's lock files live outside the scratch folder; the worker keeps them writable
+    (a GPU run gives every worker this gate; here it runs on the CPU with the same code)."""
+    locks = tmp_path / "locks"
+    with WorkerPool(1, sandbox_options(cache_dir, timing_lock_dir=str(locks))) as pool:
+        [result] = pool.run_many([{"code": BENIGN, "config": FAST}])
+        assert pool.workers[0].info["files"].startswith("read-only but ")
+    assert result["passed"], result
+    assert sorted(p.name for p in locks.iterdir()) == ["gpu0.lock", "gpu0.lock.gate"]
