@@ -2,6 +2,7 @@
 # The GPU measurements of BENCHMARKS.md, in two calls on the device machine:
 #   bash tests/benchmarks/h200.sh crawl [SEEDS]                 # crawl, seed audit, sandbox check
 #   bash tests/benchmarks/h200.sh run CANDIDATES WORKERS BENCH  # end-to-end run, cross-check, pool bench
+#   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -13,6 +14,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_CACHE_DIR=$PWD/.device-cache
 python3 -c "import torch, transformers, apache_beam, libcst; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'cores', __import__('os').cpu_count())"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+if [ "$STAGE" = audit ]; then
+    echo "== seed audit: ${1:-200} transformers seeds on the GPU"
+    python3 -m tests.benchmarks.seed_audit --sample "${1:-200}" --device cuda --out /tmp/audit 2>&1 | tail -30
+    exit 0
+fi
 if [ "$STAGE" = crawl ]; then
     SEEDS=${1:-200}
     echo "== which confinement steps CUDA survives"
