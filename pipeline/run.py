@@ -35,6 +35,7 @@ from operators.catalog import cache_key, load_or_crawl
 from operators.records import Candidate, record_from_json, record_to_json
 from operators.task import task_id
 from outputs.dataset import write_dataset
+from outputs.remote import RemoteOutputError, check_writable, is_remote, local_mirror, upload
 from pipeline.composers.llm import LLMSettings
 from pipeline.config import ConfigError, RunConfig
 from pipeline.planning import plan_jobs
@@ -49,7 +50,7 @@ MIN_YIELD = 0.1
 def run(cfg: RunConfig) -> dict:
     started = time.monotonic()
     device, gpus = resolve_device(cfg.device)
-    out_dir = prepare_out_dir(cfg.out)
+    out_dir = output_dir(cfg)
     _log_to(out_dir / "run.log")
     cache_dir = Path(cfg.cache_dir)
     llm = llm_settings(cfg)  # configuration problems surface before the (first-time, minutes-long) crawl
@@ -80,6 +81,7 @@ def run(cfg: RunConfig) -> dict:
     run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started)
     stats = write_dataset(out_dir, records, run_info)
     log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
+    _copy_to_remote(out_dir, cfg.out)
     return {**stats, "endpoint_down": down is not None}
 
 
@@ -148,7 +150,7 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     """`opsynth validate`: re-audit existing tasks with the engine `opsynth run` uses."""
     started = time.monotonic()
     device, gpus = resolve_device(cfg.device)
-    out_dir = prepare_out_dir(cfg.out)
+    out_dir = output_dir(cfg)
     candidates = external_candidates(tasks)
     workers = cfg.workers or default_workers(device, gpus, cfg.beam_args)
     path = out_dir / ".staging" / "validate.jsonl"
@@ -163,6 +165,7 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     stop = f"validated all {len(candidates)} tasks of {tasks}"
     stats = write_dataset(out_dir, records, _run_info(cfg, device, None, stop, time.monotonic() - started))
     log.info("wrote %s: %d of %d tasks pass", out_dir, stats["accepted"], stats["composed"])
+    _copy_to_remote(out_dir, cfg.out)
     return stats
 
 
@@ -240,6 +243,24 @@ def round_size(needed: int, accepted: int, decided: int, workers: int, remaining
     observed = accepted / decided if decided else 0.5
     size = math.ceil(needed / max(observed, MIN_YIELD) * 1.2)
     return max(1, min(max(size, 2 * workers), remaining))
+
+
+def output_dir(cfg: RunConfig) -> Path:
+    """The folder the run writes: --out itself, or for a Beam file system URL (gs://...) a
+    local mirror in the cache, copied there at the end (outputs/remote.py)."""
+    if not is_remote(cfg.out):
+        return prepare_out_dir(cfg.out)
+    try:
+        check_writable(cfg.out)
+    except RemoteOutputError as error:
+        raise ConfigError(str(error)) from None
+    return prepare_out_dir(str(local_mirror(cfg.out, Path(cfg.cache_dir))))
+
+
+def _copy_to_remote(out_dir: Path, out: str) -> None:
+    if is_remote(out):
+        written = upload(out_dir, out)
+        log.info("copied %d files to %s", len(written), out)
 
 
 def prepare_out_dir(out: str) -> Path:
