@@ -50,3 +50,15 @@ def test_extra_imports_allow_a_plugin_library():
     code = make_task("return x", header="import mylib.ops")
     assert static_check(code)[0] == "forbidden_import"
     assert static_check(code, frozenset({"mylib"})) is None
+
+
+def test_inlined_library_code_is_screened_like_a_task():
+    """What a crawl inlines into seeds (no task interface yet) passes the same rules, or its
+    op is listed as `unsafe_source`."""
+    from filters.static_check import screen_definitions
+
+    assert screen_definitions("import torch\n\ndef scaled(x):\n    return x * 2\n") is None
+    assert screen_definitions("def pick(obj):\n    return getattr(obj, 'weight')\n")[0] == "forbidden_call"
+    assert screen_definitions("import numpy as np\n")[0] == "forbidden_import"
+    rejected = screen_definitions("import torch\nclass Noisy:\n    def forward(self, x):\n        return torch.rand_like(x)\n")
+    assert rejected[0] == "stochastic_op"
