@@ -32,8 +32,10 @@ SPECIAL_INPUT = re.compile(r"quantiz|sparse|^q_|^int_repr|^bitwise|^logical|^fbg
 def exclusion_reason(op_name: str) -> str | None:
     """The reason code an op is excluded by name alone, or None if it should be probed."""
     leaf = op_name.rsplit(".", 1)[-1]
+    parts = op_name.split(".")
     rules = (
-        ("private", leaf.startswith("_")),
+        # a private name anywhere, or a dispatcher overload (OpInfo's `ops.aten._safe_softmax.default`)
+        ("private", any(part.startswith("_") for part in parts[1:]) or "ops" in parts[1:-1]),
         ("in_place", leaf.endswith("_") or leaf.startswith("inplace")),
         ("stochastic", bool(STOCHASTIC.search(leaf))),
         ("loss", leaf.endswith("Loss") or leaf.endswith("_loss") or leaf in LOSS_FUNCTIONS),
