@@ -147,7 +147,12 @@ def check_answer(text: str, chosen: tuple[str, ...], catalog: list[OpSpec]) -> t
     missing = [name for name in INTERFACE if name not in defined]
     if missing:
         return None, "bad_interface", f"the code does not define {', '.join(missing)}"
-    used_leaves = set(_model_ops(tree))
+    # API ops, plus classes the answer defines and instantiates: an op whose source travels
+    # with the task (an inlined transformers layer) is used by its class name.
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    instantiated = {node.func.id for node in ast.walk(tree)
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in classes}
+    used_leaves = set(_model_ops(tree)) | {name.lower() for name in instantiated}
     leaf = lambda name: name.rsplit(".", 1)[-1].lower().rstrip("_")
     absent = [name for name in chosen if leaf(name) not in used_leaves]
     if absent:

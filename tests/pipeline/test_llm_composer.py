@@ -93,6 +93,20 @@ def test_answers_are_checked_by_ast_and_record_the_ops_really_used(catalog):
     assert check_answer("", ("torch.nn.ReLU",), catalog)[1] == "no_code"
 
 
+def test_an_inlined_layer_counts_as_used_when_the_answer_defines_and_builds_it(catalog):
+    norm = "transformers.models.llama.modeling_llama.LlamaRMSNorm"
+    layer = ("class LlamaRMSNorm(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
+             "        self.weight = nn.Parameter(torch.ones(n))\n\n    def forward(self, x):\n"
+             "        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)\n\n\n")
+    code = fused_task(["torch.nn.ReLU"])
+    built = layer + code.replace("x = self.op0(x)", "x = self.norm(self.op0(x))").replace(
+        "super().__init__()", "super().__init__()\n        self.norm = LlamaRMSNorm(256)")
+    checked = check_answer(f"```python\n{built}```", (norm, "torch.nn.ReLU"), catalog)
+    assert checked[1] == ("torch.nn.ReLU", norm), checked
+    unused = check_answer(f"```python\n{layer + code}```", (norm, "torch.nn.ReLU"), catalog)
+    assert unused[1] == "missing_op" and "LlamaRMSNorm" in unused[2]
+
+
 def test_sampling_covers_every_op_before_reuse_and_never_repeats_a_tuple(torch_catalog):
     catalog = torch_catalog[0]
     tuples = sample_tuples(catalog, 400, {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}, {}, seed=3)
