@@ -24,7 +24,7 @@ from operators.records import Candidate, OpSpec, Verdict
 from operators.task import task_id
 
 PROMPTS = Path(__file__).parent.parent / "prompts"
-COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v1", "repair_v1"
+COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v2", "repair_v1"
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 INTERFACE = ("Model", "get_inputs", "get_init_inputs")
 # Rejects a model can be asked to fix: the program ran but broke a rule it can change.

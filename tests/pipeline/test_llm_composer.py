@@ -46,7 +46,7 @@ def test_faults_are_retried_and_bad_answers_become_rejects_with_reasons(catalog,
     assert all(r[1].stage == "compose" for r in results[:4])
     last = results[4]
     assert last.ops == ("torch.nn.Linear", "torch.nn.ReLU") and last.composer == "llm:standin-1"
-    assert last.provenance["prompt_tokens"] > 0 and last.provenance["prompt_version"] == "compose_v1"
+    assert last.provenance["prompt_tokens"] > 0 and last.provenance["prompt_version"] == "compose_v2"
 
 
 def test_a_rerun_is_served_from_the_cache(catalog, tmp_path):
