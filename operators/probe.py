@@ -81,11 +81,12 @@ def probe_inlined(op: InlinedOp) -> OpSpec | SkippedOp:
         layout = LAYOUTS[layout_name]
         shape = (2, *layout.sizes[1:])
         try:
-            out = _run_inlined(spec, layout, shape)
+            out, other = (_run_inlined(spec, layout, shape, seed) for seed in (1, 2))
             if isinstance(out, (tuple, list)) and spec.output_item is None:
                 spec = OpSpec(**{**spec.__dict__, "output_item": 0})
-                out = out[0]
+                out, other = out[0], other[0]
             _check_output(out, None)
+            _check_input_dependence(out, other)
         except ProbeFailure as failure:
             failures.append((failure.args[0], failure.args[1] if len(failure.args) > 1 else ""))
             continue
@@ -98,9 +99,9 @@ def probe_inlined(op: InlinedOp) -> OpSpec | SkippedOp:
     return _with_seed(OpSpec(**{**spec.__dict__, "layouts": tuple(runs_on), "keeps_rank": tuple(keeps_rank)}))
 
 
-def _run_inlined(spec: OpSpec, layout, shape):
+def _run_inlined(spec: OpSpec, layout, shape, input_seed: int):
     try:
-        return chain_output([bind(spec, layout, shape)], layout, shape, device="cpu")
+        return chain_output([bind(spec, layout, shape)], layout, shape, device="cpu", input_seed=input_seed)
     except Exception as error:  # the library's own code failing on this layout rules it out
         raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
 
@@ -170,18 +171,32 @@ def _run_once(obj, kind, recipe, layout_name):
     args = {key: _probe_value(resolve(value, shape, layout.channel_axis)) for key, value in recipe.items()}
     positional = args.pop("__args__", ())
     x = torch.rand(shape)
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            out = obj(**args).eval()(x) if kind == MODULE else obj(x, *positional, **args)
-    except Exception as error:  # any failure of a foreign op on this input rules the layout out
-        raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
-    _check_output(out, x)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            op = obj(**args).eval() if kind == MODULE else (lambda t: obj(t, *positional, **args))
+            out = op(x)
+        except Exception as error:  # any failure of a foreign op on this input rules the layout out
+            raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
+        _check_output(out, x)
+        # two wide-ranging inputs (signs, magnitudes), so floor or sign of [0, 1) is not mistaken
+        try:
+            wide, other_wide = op(torch.randn(shape) * 4), op(torch.randn(shape) * 4)
+        except Exception:  # an op with a restricted domain: [0, 1) inputs already showed it runs
+            return out, x
+    _check_input_dependence(wide, other_wide)
     return out, x
 
 
 def _probe_value(value):
     return torch.randn(value.shape) if isinstance(value, Weight) else value
+
+
+def _check_input_dependence(out, other) -> None:
+    """An op whose output is the same for two random inputs (a rotary table of positions)
+    can never make an accepted task."""
+    if isinstance(other, torch.Tensor) and out.shape == other.shape and torch.equal(out, other):
+        raise ProbeFailure("input_independent", "the same output for two random inputs")
 
 
 def _check_output(out, x) -> None:

@@ -41,25 +41,31 @@ def bind(spec: OpSpec, layout: Layout, shape: tuple[int, ...]) -> BoundOp:
     return BoundOp(spec, init_kwargs, call_kwargs)
 
 
-def chain_output(chain: list[BoundOp], layout: Layout, shape: tuple[int, ...], device: str | None = None):
+def chain_output(chain: list[BoundOp], layout: Layout, shape: tuple[int, ...], device: str | None = None,
+                 input_seed: int | None = None):
     """Build and run the task the chain renders to, on shape-only tensors (the meta device),
     falling back to real CPU tensors for ops without a meta kernel. The code is our own
-    rendering of crawled ops, never candidate code. Returns what Model.forward returns."""
+    rendering of crawled ops, never candidate code. Returns what Model.forward returns.
+    With `input_seed` (real tensors), the weights are seeded alike and the inputs by it."""
     code = render_task(chain, layout, shape)
     if device is not None:
-        return _run_task(code, torch.device(device))
+        return _run_task(code, torch.device(device), input_seed)
     try:
         return _run_task(code, torch.device("meta"))
     except (NotImplementedError, RuntimeError):
         return _run_task(code, torch.device("cpu"))
 
 
-def _run_task(code: str, device: torch.device):
+def _run_task(code: str, device: torch.device, input_seed: int | None = None):
     namespace = {"__name__": "opsynth_chain"}
     with torch.device(device), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(compile(code, "<chain>", "exec"), namespace)
+        if input_seed is not None:
+            torch.manual_seed(0)
         model = namespace["Model"](*namespace["get_init_inputs"]())
+        if input_seed is not None:
+            torch.manual_seed(input_seed)
         return model(*namespace["get_inputs"]())
 
 

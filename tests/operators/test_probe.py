@@ -84,6 +84,12 @@ def test_ops_that_cannot_be_tasks_are_listed_with_a_reason(obj, name, reason):
     assert isinstance(result, SkippedOp) and result.reason == reason
 
 
+def test_an_op_whose_output_ignores_its_input_is_listed_as_input_independent():
+    result = probe(torch.fill, "torch.fill", "torch", {"value": 0.5})  # the recipe OpInfo supplies
+    assert isinstance(result, SkippedOp) and result.reason == "input_independent"
+    assert isinstance(probe(torch.floor, "torch.floor", "torch"), OpSpec)  # constant on [0, 1) alone
+
+
 def test_torch_crawl_covers_modules_functional_and_tensor_ops(torch_catalog):
     specs, skipped = torch_catalog
     names = {spec.name for spec in specs}

@@ -75,11 +75,21 @@ def test_position_embeddings_recipe_computes_rotary_tables_from_the_input(crawle
     assert attention.output_item == 0  # attention returns (output, weights): the seed keeps the output
 
 
-def test_position_ids_recipe_and_a_required_mask_left_as_none(crawled):
-    specs, _ = crawled
-    rotary = op(specs, "llama", "LlamaRotaryEmbedding")
+def test_position_ids_recipe_and_a_rotary_table_that_ignores_its_input(crawled):
+    from operators.records import InlinedOp
+    from operators.transformers_source import transformers_ops
+
+    rotary = next(op for op in transformers_ops(["llama"])
+                  if isinstance(op, InlinedOp) and op.class_name == "LlamaRotaryEmbedding")
     assert rotary.call_args == {"position_ids": "$=position_ids(x)"}
-    attention = op(specs, "bert", "BertSelfAttention")
+    assert "def position_ids(x)" in rotary.definitions
+    # its cos/sin depend on positions only: runnable, but never an accepted task
+    skipped = crawled[1][f"transformers.models.llama.modeling_llama.LlamaRotaryEmbedding"]
+    assert skipped.reason == "input_independent"
+
+
+def test_a_required_mask_is_left_as_none(crawled):
+    attention = op(crawled[0], "bert", "BertSelfAttention")
     assert "attention_mask=None" in attention.seed_code or "attention_mask" not in attention.call_args
 
 
