@@ -16,7 +16,7 @@ from operators.records import InlinedOp, OpSpec, SkippedOp
 from operators.sources import library_name, source_for
 
 log = logging.getLogger(__name__)
-CATALOG_VERSION = "5"  # bump when probing rules change, so cached catalogs are rebuilt
+CATALOG_VERSION = "6"  # bump when probing rules change, so cached catalogs are rebuilt
 
 CATALOG_SCHEMA = pa.schema([
     ("name", pa.string()), ("library", pa.string()), ("kind", pa.string()),

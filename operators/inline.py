@@ -57,12 +57,21 @@ class InlineRules:
     none_names: frozenset[str] = frozenset()  # parameters a seed always leaves None (a cache)
 
 
-def inline(obj: type, rules: InlineRules) -> str:
+@dataclass(frozen=True)
+class Inlined:
+    """Self-contained source defining the class, and the constructor arguments it now takes
+    in place of its config: the numbers its `__init__` read from it (`hidden_size=256`)."""
+    code: str
+    parameters: dict
+
+
+def inline(obj: type, rules: InlineRules) -> Inlined:
     """The source of `obj` and every definition it needs, imports first, ready to exec."""
-    inliner = _Inliner(rules)
+    inliner = _Inliner(rules, target=(obj.__module__, obj.__name__))
     inliner.visit(obj.__module__, obj.__name__)
     imports = sorted(inliner.imports)
-    return "\n".join(imports) + ("\n\n\n" if imports else "") + "\n\n\n".join(inliner.emitted) + "\n"
+    code = "\n".join(imports) + ("\n\n\n" if imports else "") + "\n\n\n".join(inliner.emitted) + "\n"
+    return Inlined(code, inliner.parameters)
 
 
 @dataclass
@@ -133,11 +142,12 @@ def _dotted(node) -> str:
 
 
 class _Inliner:
-    def __init__(self, rules: InlineRules):
-        self.rules = rules
+    def __init__(self, rules: InlineRules, target: tuple[str, str]):
+        self.rules, self.target = rules, target
         self.seen: set[tuple[str, str]] = set()
         self.emitted: list[str] = []
         self.imports: set[str] = set()
+        self.parameters: dict = {}
 
     def visit(self, module_name: str, name: str) -> None:
         if (module_name, name) in self.seen:
@@ -150,10 +160,21 @@ class _Inliner:
         if node is None:
             raise NotSelfContained(f"{name} is not a top-level definition of {module_name}")
         extra_refs: dict[str, object] = {}
+        if (module_name, name) == self.target and isinstance(node, cst.ClassDef):
+            node = self._parameterize(node)
         code = _rewrite(node, index, self.rules, extra_refs)
         for ref in sorted(_free_names(code) - {name}):
             self._resolve(ref, index, extra_refs)
         self.emitted.append(code.strip("\n"))
+
+    def _parameterize(self, node: cst.ClassDef) -> cst.ClassDef:
+        """The numbers the class's `__init__` reads from a constant object become constructor
+        parameters of the same name; the caller passes the values."""
+        for name, holder in self.rules.constants.items():
+            lifted = _ConstructorParameters(name, holder, _condition_attributes(node, name))
+            node = node.visit(lifted)
+            self.parameters.update(lifted.values)
+        return node
 
     def _resolve(self, ref: str, index: _ModuleIndex, extra_refs: dict) -> None:
         if ref in extra_refs:
@@ -192,6 +213,77 @@ def _rewrite(node: cst.CSTNode, index: _ModuleIndex, rules: InlineRules, extra_r
         if constant in _free_names(code) or f"self.{constant}" in code:
             raise NotSelfContained(f"{constant} is used beyond attribute reads")
     return code
+
+
+class _ConstructorParameters(cst.CSTTransformer):
+    """In the class's own `__init__`: `config.hidden_size` -> a parameter `hidden_size`. Only
+    numbers, never read in a condition (those stay literals, so branches still fold), and
+    never a name the method already binds."""
+
+    def __init__(self, holder_name: str, holder, in_conditions: set[str]):
+        self.holder_name, self.holder, self.in_conditions = holder_name, holder, in_conditions
+        self.values: dict = {}
+        self.depth = 0  # 1 inside the class's own __init__
+        self.taken: set[str] = set()
+
+    def visit_FunctionDef(self, node):
+        if node.name.value == "__init__" and self.depth == 0:
+            self.depth = 1
+            self.taken = {p.name.value for p in node.params.params} | _stored_names(node)
+            return True
+        return self.depth == 1  # only the class's own __init__ (and what it nests)
+
+    def leave_FunctionDef(self, original, updated):
+        if original.name.value != "__init__" or self.depth != 1:
+            return updated
+        self.depth = 2  # done: nested classes and other methods are left alone
+        params = list(updated.params.params)
+        first_default = next((i for i, p in enumerate(params) if p.default is not None), len(params))
+        added = [cst.Param(cst.Name(name)) for name in self.values]  # before any parameter with a default
+        return updated.with_changes(params=updated.params.with_changes(
+            params=[*params[:first_default], *added, *params[first_default:]]))
+
+    def leave_Attribute(self, original, updated):
+        return self._lift(updated, _dotted(updated)) or updated
+
+    def leave_Call(self, original, updated):
+        if _dotted(updated.func) == "getattr" and len(updated.args) >= 2:
+            holder = _dotted(updated.args[0].value)
+            key = cst.Module([]).code_for_node(updated.args[1].value).strip()
+            if holder in (self.holder_name, f"self.{self.holder_name}") and key[:1] in "'\"":
+                return self._lift(updated, f"{self.holder_name}.{ast.literal_eval(key)}") or updated
+        return updated
+
+    def _lift(self, node, path: str):
+        if self.depth != 1:
+            return None
+        path = path[5:] if path.startswith(f"self.{self.holder_name}.") else path
+        root, _, attr = path.partition(".")
+        if root != self.holder_name or not attr.isidentifier() or attr in self.in_conditions:
+            return None
+        value = getattr(self.holder, attr, None)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or (attr in self.taken and attr not in self.values):
+            return None
+        self.values[attr] = value
+        return cst.Name(attr)
+
+
+def _condition_attributes(node: cst.ClassDef, holder_name: str) -> set[str]:
+    """Attributes of the holder read anywhere in a condition of the class."""
+    found = set()
+    for test in ast.walk(ast.parse(cst.Module(body=[node]).code)):
+        if isinstance(test, (ast.If, ast.IfExp, ast.While, ast.Assert)):
+            for leaf in ast.walk(test.test):
+                if isinstance(leaf, ast.Attribute) and ast.unparse(leaf.value) in (holder_name, f"self.{holder_name}"):
+                    found.add(leaf.attr)
+                if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
+                    found.add(leaf.value)  # getattr(config, "x", ...) inside a condition
+    return found
+
+
+def _stored_names(node: cst.FunctionDef) -> set[str]:
+    tree = ast.parse(cst.Module(body=[node]).code)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
 class _Glue(cst.CSTTransformer):

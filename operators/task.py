@@ -97,7 +97,7 @@ def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) ->
     lines = _header(chain)
     definitions = merge_definitions([bound.spec for bound in chain])
     if definitions:
-        lines += [definitions, ""]
+        lines += [definitions, "", ""]
     lines += [f"{dim} = {size}" for dim, size in zip(layout.dims, sizes)]
     lines += [f"{name} = {value!r}" for name, value in init_constants]
     lines += ["", "", *_model_class(chain, slugs, [name for name, _ in init_constants])]

@@ -140,13 +140,14 @@ def _prepare(cls: type, primary_config) -> InlinedOp | SkippedOp:
         return skip(*inputs)
     call_args, layouts, helpers = inputs
     try:
-        definitions = inline(cls, InlineRules(LIBRARY, constants, _is_framework_class, _transformers_hook,
-                                                     frozenset(NONE_INPUTS)))
+        inlined = inline(cls, InlineRules(LIBRARY, constants, _is_framework_class, _transformers_hook,
+                                          frozenset(NONE_INPUTS)))
     except NotSelfContained as missing:
         return skip("not_self_contained", f"needs {missing.args[0]}")
     except (cst.ParserSyntaxError, OSError, TypeError) as error:
         return skip("not_self_contained", f"source unavailable: {type(error).__name__}")
-    definitions = "\n\n".join([definitions.rstrip("\n"), *(HELPERS[h] for h in helpers)]) + "\n"
+    definitions = "\n\n\n".join([inlined.code.rstrip("\n"), *(HELPERS[h] for h in helpers)]) + "\n"
+    init_args = {**init_args, **inlined.parameters}  # the config's numbers, as literal constructor arguments
     screened = screen_definitions(definitions)
     if screened:
         return skip("unsafe_source", f"{screened[0]}: {screened[1]}")

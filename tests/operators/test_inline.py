@@ -102,21 +102,26 @@ def rules(layers, **extra):
     return InlineRules("opsynth_inline_demo", {"config": layers.DemoConfig()}, none_names=frozenset({"cache"}), **extra)
 
 
-def test_framework_glue_goes_and_config_becomes_literals(package):
-    code = inline(package.DemoMLP, rules(package))
+def test_framework_glue_goes_and_config_becomes_constructor_arguments_and_literals(package):
+    inlined = inline(package.DemoMLP, rules(package))
+    code = inlined.code
+    assert inlined.parameters == {"hidden_size": 32}
     for gone in ("config", "kernel_hub", "logger", "TABLE", "Dropout", "cache.update", "docstring", ": torch.Tensor"):
         assert gone not in code, gone
-    assert "nn.Linear(32, 64, bias=False)" in " ".join(code.split())  # getattr default and arithmetic folded
+    # the config's numbers read in __init__ are constructor parameters; a missing attribute's
+    # getattr default is taken; choices (a bool here) are literals
+    assert "nn.Linear(hidden_size, hidden_size * 2, bias=False)" in " ".join(code.split())
+    assert "def __init__(self, hidden_size):" in code
     assert "def scaled_silu(x, scale)" in code       # a dependency from another module of the package
     assert "scaled_silu(self.proj(x), 2.0)" in code
 
 
 def test_the_inlined_class_computes_what_the_original_does_in_eval_mode(package):
     namespace = {}
-    exec(inline(package.DemoMLP, rules(package)), namespace)
+    exec(inline(package.DemoMLP, rules(package)).code, namespace)
     x = torch.rand(4, 32)
     torch.manual_seed(0)
-    inlined = namespace["DemoMLP"]()
+    inlined = namespace["DemoMLP"](hidden_size=32)
     torch.manual_seed(0)
     original = package.DemoMLP(package.DemoConfig()).eval()
     assert torch.equal(inlined(x), original(x))
@@ -124,8 +129,8 @@ def test_the_inlined_class_computes_what_the_original_does_in_eval_mode(package)
 
 def test_inlined_code_runs_in_a_process_that_cannot_import_the_package(package, tmp_path):
     script = tmp_path / "alone.py"
-    script.write_text(inline(package.DemoMLP, rules(package))
-                      + "import sys, torch\nprint(tuple(DemoMLP()(torch.rand(2, 32)).shape), "
+    script.write_text(inline(package.DemoMLP, rules(package)).code
+                      + "import sys, torch\nprint(tuple(DemoMLP(32)(torch.rand(2, 32)).shape), "
                         "any(m.startswith('opsynth_inline_demo') for m in sys.modules))\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -99,10 +99,14 @@ def test_residual_input_recipe_reuses_the_main_tensor(crawled):
     assert "self.bertselfoutput(x, input_tensor=x)" in output.seed_code
 
 
-def test_config_attributes_are_literals_and_constructor_arguments_come_from_constants(crawled):
+def test_config_numbers_become_literal_constructor_arguments_and_choices_literals(crawled):
     specs, _ = crawled
     mlp = op(specs, "llama", "LlamaMLP")
     assert "config" not in mlp.definitions and "ACT2FN" not in mlp.definitions
+    assert mlp.init_args == {"hidden_size": 256, "intermediate_size": 512}
+    assert "def __init__(self, hidden_size, intermediate_size):" in mlp.definitions
+    assert "llamamlp_intermediate_size = 512" in mlp.seed_code
+    assert "get_init_inputs():\n    return [llamamlp_hidden_size, llamamlp_intermediate_size]" in mlp.seed_code
     # ACT2FN["silu"] becomes the activation it names: a torch module, or its class inlined too
     activation = re.search(r"self\.act_fn = (nn\.)?(\w+)\(\)", mlp.definitions)
     assert activation and (activation.group(1) or f"class {activation.group(2)}(nn.Module)" in mlp.definitions)
