@@ -269,15 +269,22 @@ class _ConstructorParameters(cst.CSTTransformer):
 
 
 def _condition_attributes(node: cst.ClassDef, holder_name: str) -> set[str]:
-    """Attributes of the holder read anywhere in a condition of the class."""
+    """Attributes of the holder that decide a condition of the class: read in it directly,
+    or through a `self.x` the condition tests and `__init__` set from them."""
+    tree = ast.parse(cst.Module(body=[node]).code)
+    holders = (holder_name, f"self.{holder_name}")
+    tests = [n.test for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp, ast.While, ast.Assert))]
+    tested_self = {leaf.attr for test in tests for leaf in ast.walk(test)
+                   if isinstance(leaf, ast.Attribute) and ast.unparse(leaf.value) == "self"}
+    sources = tests + [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self" and t.attr in tested_self for t in n.targets)]
     found = set()
-    for test in ast.walk(ast.parse(cst.Module(body=[node]).code)):
-        if isinstance(test, (ast.If, ast.IfExp, ast.While, ast.Assert)):
-            for leaf in ast.walk(test.test):
-                if isinstance(leaf, ast.Attribute) and ast.unparse(leaf.value) in (holder_name, f"self.{holder_name}"):
-                    found.add(leaf.attr)
-                if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
-                    found.add(leaf.value)  # getattr(config, "x", ...) inside a condition
+    for expression in sources:
+        for leaf in ast.walk(expression):
+            if isinstance(leaf, ast.Attribute) and ast.unparse(leaf.value) in holders:
+                found.add(leaf.attr)
+            if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
+                found.add(leaf.value)  # getattr(config, "x", ...)
     return found
 
 
