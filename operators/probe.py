@@ -43,6 +43,13 @@ TENSOR_PARAM_NAMES = {"input", "x", "self", "tensor", "a", "A"}
 class ProbeFailure(Exception):
     """The op ran (or failed to) in a way that rules it out; args[0] is the reason code."""
 
+    @classmethod
+    def crashed(cls, error: Exception) -> "ProbeFailure":
+        return cls("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
+
+    def code_and_detail(self) -> tuple[str, str]:
+        return self.args[0], self.args[1] if len(self.args) > 1 else ""
+
 
 def probe(obj, name: str, library: str, recipe: dict | None = None) -> OpSpec | SkippedOp:
     """`recipe`, when a source knows working call arguments, is tried instead of probing."""
@@ -57,7 +64,7 @@ def probe(obj, name: str, library: str, recipe: dict | None = None) -> OpSpec | 
         else:
             recipes = module_recipes(obj) if kind == MODULE else function_recipes(obj)
     except ProbeFailure as failure:
-        return SkippedOp(name, library, kind, failure.args[0], failure.args[1] if len(failure.args) > 1 else "")
+        return SkippedOp(name, library, kind, *failure.code_and_detail())
     except TypeError as error:
         return SkippedOp(name, library, kind, "unstorable_args", str(error)[:200])
     spec = None
@@ -76,23 +83,20 @@ def probe_inlined(op: InlinedOp) -> OpSpec | SkippedOp:
     at a small batch. A tuple output is reduced to its first tensor."""
     spec = OpSpec(op.name, op.library, MODULE, op.layouts, (), op.init_args, op.call_args,
                   definitions=op.definitions)
-    runs_on, keeps_rank, failures = [], [], []
-    for layout_name in op.layouts:
+
+    def run_on(layout_name):
+        nonlocal spec
         layout = LAYOUTS[layout_name]
         shape = (2, *layout.sizes[1:])
-        try:
-            out, other = (_run_inlined(spec, layout, shape, seed) for seed in (1, 2))
-            if isinstance(out, (tuple, list)) and spec.output_item is None:
-                spec = OpSpec(**{**spec.__dict__, "output_item": 0})
-                out, other = out[0], other[0]
-            _check_output(out, None)
-            _check_input_dependence(out, other)
-        except ProbeFailure as failure:
-            failures.append((failure.args[0], failure.args[1] if len(failure.args) > 1 else ""))
-            continue
-        runs_on.append(layout_name)
-        if out.dim() == len(shape):
-            keeps_rank.append(layout_name)
+        out, other = (_run_inlined(spec, layout, shape, seed) for seed in (1, 2))
+        if isinstance(out, (tuple, list)) and spec.output_item is None:
+            spec = OpSpec(**{**spec.__dict__, "output_item": 0})
+            out, other = out[0], other[0]
+        _check_output(out, None)
+        _check_input_dependence(out, other)
+        return out.dim(), len(shape)
+
+    runs_on, keeps_rank, failures = _layouts_that_run(op.layouts, run_on)
     if not runs_on:
         code, detail = _most_telling(failures)
         return SkippedOp(op.name, op.library, MODULE, code, detail)
@@ -103,7 +107,7 @@ def _run_inlined(spec: OpSpec, layout, shape, input_seed: int):
     try:
         return chain_output([bind(spec, layout, shape)], layout, shape, device="cpu", input_seed=input_seed)
     except Exception as error:  # the library's own code failing on this layout rules it out
-        raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
+        raise ProbeFailure.crashed(error)
 
 
 def module_recipes(cls) -> list[dict]:
@@ -147,17 +151,28 @@ def _required(param: inspect.Parameter) -> bool:
     return param.default is param.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
 
 
-def _probe_layouts(obj, name, library, kind, recipe):
+def _layouts_that_run(layout_names, run_on) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """Try `run_on(layout) -> (output rank, input rank)` on each layout: the layouts it runs
+    on, those of them where it keeps the input's rank, and why the others failed."""
     runs_on, keeps_rank, failures = [], [], []
-    for layout_name in layouts_for(name):
+    for layout_name in layout_names:
         try:
-            out, x = _run_once(obj, kind, recipe, layout_name)
+            out_rank, in_rank = run_on(layout_name)
         except ProbeFailure as failure:
-            failures.append((failure.args[0], failure.args[1] if len(failure.args) > 1 else ""))
+            failures.append(failure.code_and_detail())
             continue
         runs_on.append(layout_name)
-        if out.dim() == x.dim():
+        if out_rank == in_rank:
             keeps_rank.append(layout_name)
+    return runs_on, keeps_rank, failures
+
+
+def _probe_layouts(obj, name, library, kind, recipe):
+    def run_on(layout_name):
+        out, x = _run_once(obj, kind, recipe, layout_name)
+        return out.dim(), x.dim()
+
+    runs_on, keeps_rank, failures = _layouts_that_run(layouts_for(name), run_on)
     if not runs_on:
         return None, _most_telling(failures)
     init_args, call_args = (recipe, {}) if kind == MODULE else ({}, recipe)
@@ -177,7 +192,7 @@ def _run_once(obj, kind, recipe, layout_name):
             op = obj(**args).eval() if kind == MODULE else (lambda t: obj(t, *positional, **args))
             out = op(x)
         except Exception as error:  # any failure of a foreign op on this input rules the layout out
-            raise ProbeFailure("probe_failed", f"{type(error).__name__}: {str(error)[:200]}")
+            raise ProbeFailure.crashed(error)
         _check_output(out, x)
         # two wide-ranging inputs (signs, magnitudes), so floor or sign of [0, 1) is not mistaken
         try:
