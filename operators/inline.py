@@ -250,15 +250,14 @@ class _ConstructorParameters(cst.CSTTransformer):
         if _dotted(updated.func) == "getattr" and len(updated.args) >= 2:
             holder = _dotted(updated.args[0].value)
             key = cst.Module([]).code_for_node(updated.args[1].value).strip()
-            if holder in (self.holder_name, f"self.{self.holder_name}") and key[:1] in "'\"":
+            if _unself(holder) == self.holder_name and key[:1] in "'\"":
                 return self._lift(updated, f"{self.holder_name}.{ast.literal_eval(key)}") or updated
         return updated
 
     def _lift(self, node, path: str):
         if self.depth != 1:
             return None
-        path = path[5:] if path.startswith(f"self.{self.holder_name}.") else path
-        root, _, attr = path.partition(".")
+        root, _, attr = _unself(path).partition(".")
         if root != self.holder_name or not attr.isidentifier() or attr in self.in_conditions:
             return None
         value = getattr(self.holder, attr, None)
@@ -393,10 +392,7 @@ class _Glue(cst.CSTTransformer):
         return cst.parse_expression(source)
 
     def _constant(self, node: cst.Attribute):
-        path = _dotted(node)
-        for prefix in (f"self.{name}." for name in self.rules.constants):
-            if path.startswith(prefix):
-                path = path[5:]
+        path = _unself(_dotted(node))
         root, _, rest = path.partition(".")
         if root not in self.rules.constants or not rest:
             return None
@@ -549,15 +545,17 @@ def _callee(node):
     return node.func if isinstance(node, cst.Call) else node
 
 
+def _unself(path: str) -> str:
+    """`self.config.x` -> `config.x`: a constant object the class keeps reads like the parameter."""
+    return path[5:] if path.startswith("self.") else path
+
+
 def _is_constant_ref(node, rules: InlineRules) -> bool:
-    path = _dotted(node)
-    return path in rules.constants or (path.startswith("self.") and path[5:] in rules.constants)
+    return _unself(_dotted(node)) in rules.constants
 
 
 def _root_constant(node, rules: InlineRules):
-    path = _dotted(node)
-    path = path[5:] if path.startswith("self.") else path
-    return rules.constants.get(path)
+    return rules.constants.get(_unself(_dotted(node)))
 
 
 def _dropout_attributes(code: str) -> set[str]:
