@@ -5,6 +5,7 @@ A seed task is a chain of one op; the template composer renders chains of up to 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import re
 import warnings
@@ -157,22 +158,30 @@ def merge_definitions(specs: list[OpSpec]) -> str:
     name once. Two ops defining one name differently cannot share a task (ValueError)."""
     imports, definitions = [], {}
     for spec in specs:
-        if not spec.definitions:
-            continue
-        source = spec.definitions.splitlines()
-        for node in ast.parse(spec.definitions).body:
-            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            text = "\n".join(source[first - 1:node.end_lineno])
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
+        for name, text in _statements(spec.definitions):
+            if name is None:
                 if text not in imports and text not in HEADER_IMPORTS:
                     imports.append(text)
                 continue
-            name = _defined_name(node)
             if definitions.setdefault(name, text) != text:
                 raise ValueError(f"{name} is defined differently by two ops of the chain")
     if not imports and not definitions:
         return ""
     return "\n".join(imports) + ("\n\n\n" if imports else "") + "\n\n\n".join(definitions.values())
+
+
+@functools.lru_cache(maxsize=4096)
+def _statements(definitions: str) -> tuple[tuple[str | None, str], ...]:
+    """The top-level statements of an op's definitions as (name it defines, source text);
+    imports have no name. Cached: the composer renders the same ops over and over."""
+    source = definitions.splitlines()
+    statements = []
+    for node in ast.parse(definitions).body:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        text = "\n".join(source[first - 1:node.end_lineno])
+        is_import = isinstance(node, (ast.Import, ast.ImportFrom))
+        statements.append((None if is_import else _defined_name(node), text))
+    return tuple(statements)
 
 
 def _defined_name(node: ast.stmt) -> str:

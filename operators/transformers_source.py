@@ -10,6 +10,7 @@ left out. Classes that are not layer-level, or cannot be inlined, are listed as 
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import logging
@@ -233,8 +234,6 @@ def _transformers_hook(node, code: str):
 
 
 def _activation(key_source: str):
-    import ast
-
     from transformers.activations import ACT2CLS
 
     try:
