@@ -12,13 +12,15 @@ import contextlib
 import json
 import os
 import queue
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from filters.worker import receive, send
 
@@ -46,7 +48,8 @@ class SandboxOptions:
     read_only_fs: bool = True  # every file system read-only but the scratch folder and compiler caches
     startup_timeout_s: float = 180.0
     log_path: str | None = None
-    # Workers that share a GPU take turns timing through a lock file per GPU in this folder.
+    # Workers that share a GPU take turns timing through a lock file per GPU in this folder,
+    # which must be local to the host: every run there that times on a GPU takes its turn.
     timing_lock_dir: str | None = None
     # GPU memory one worker may take (the task cap plus headroom); None leaves it unbounded.
     gpu_memory_gb: float | None = None
@@ -89,10 +92,12 @@ class Worker:
                    "gpu_memory_gb": self.options.gpu_memory_gb,
                    "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None}
         env = {**os.environ, **dict(self.options.env), **WORKER_ENV}
+        gpu = physical_gpu(self.gpu or 0)
         if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         if self.options.timing_lock_dir:
-            env["OPSYNTH_TIMING_LOCK"] = os.path.join(self.options.timing_lock_dir, f"gpu{self.gpu or 0}.lock")
+            env["OPSYNTH_TIMING_LOCK"] = os.path.join(self.options.timing_lock_dir,
+                                                      f"gpu{re.sub(r'[^A-Za-z0-9-]', '_', gpu)}.lock")
         log = open(self.options.log_path, "ab") if self.options.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
             [sys.executable, "-m", "filters.worker", str(job_r), str(result_w), json.dumps(options)],
@@ -155,7 +160,8 @@ class Worker:
 
 
 class WorkerPool:
-    """N workers; `run_many` spreads jobs over them and returns results in job order."""
+    """N workers. `submit` hands a job to the next idle worker and returns a future of its
+    result; `run_many` runs a list and returns the results in job order."""
 
     def __init__(self, size: int, options: SandboxOptions, gpus: list[int] | None = None):
         self.options = options
@@ -163,10 +169,14 @@ class WorkerPool:
         self.idle: queue.Queue[Worker] = queue.Queue()
         for worker in self.workers:
             self.idle.put(worker)
+        self.executor = ThreadPoolExecutor(len(self.workers), thread_name_prefix="sandbox")
+
+    def submit(self, job: dict, then: Callable[[dict], Any] = lambda result: result) -> Future:
+        """A future of `then(result)`; `then` runs on the pool's thread as soon as the job ends."""
+        return self.executor.submit(lambda: then(self._run_one(job)))
 
     def run_many(self, jobs: list[dict]) -> list[dict]:
-        with ThreadPoolExecutor(len(self.workers)) as executor:
-            return list(executor.map(self._run_one, jobs))
+        return [future.result() for future in [self.submit(job) for job in jobs]]
 
     def _run_one(self, job: dict) -> dict:
         worker = self.idle.get()
@@ -176,6 +186,7 @@ class WorkerPool:
             self.idle.put(worker)
 
     def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
         for worker in self.workers:
             worker.stop()
 
@@ -208,6 +219,14 @@ def _close_shared() -> None:
 def _failure(job: dict, reason: str, detail: str) -> dict:
     return {"passed": False, "stage": "sandbox", "reason": reason, "detail": detail, "metrics": {},
             "code": job["code"]}
+
+
+def physical_gpu(index: int) -> str:
+    """The run's CUDA device `index` as the host names it: a run started with
+    CUDA_VISIBLE_DEVICES=2,3 gives its workers GPU 2 and 3, and their timing locks are
+    those of GPU 2 and 3, shared with any other run on the host that times there."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def _rss_bytes(pid: int) -> int:

@@ -6,15 +6,17 @@ output so that nothing is dropped: every index that enters leaves as exactly one
 """
 from __future__ import annotations
 
+from concurrent.futures import FIRST_COMPLETED, Future, as_completed, wait
 from dataclasses import replace
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.utils.windowed_value import WindowedValue
 
 from filters.decontaminate import SimilarityIndex
 from filters.sandbox import SandboxOptions, shared_pool
 from filters.similarity import fingerprint
-from filters.validate import validate
+from filters.validate import start_validation
 from filters.store import VerdictStore
 from operators.records import Candidate, OpSpec, Verdict, record_to_json
 from pipeline import progress
@@ -100,8 +102,7 @@ class _KeepFirst(beam.DoFn):
 
 
 class ValidateCandidates(beam.PTransform):
-    """Static check, then every execution check in the sandbox pool; batches keep all the
-    pool's workers busy at once."""
+    """Static check, then every execution check in the sandbox pool."""
 
     def __init__(self, sandbox: SandboxOptions, check_config: dict, workers: int, gpus: list[int] | None,
                  store_dir: str | None = None):
@@ -110,17 +111,17 @@ class ValidateCandidates(beam.PTransform):
         self.store_dir = store_dir
 
     def expand(self, candidates):
-        # Each batch ends when its slowest candidate does; larger batches pay that less often.
-        batch = 8 * self.workers
-        outputs = (candidates
-                   | "Batch" >> beam.BatchElements(min_batch_size=batch, max_batch_size=batch)
-                   | "RunChecks" >> beam.ParDo(_ValidateBatch(self.sandbox, self.check_config, self.workers, self.gpus,
-                                                             self.store_dir))
-                   .with_outputs(REJECTED, main="accepted"))
+        outputs = candidates | "RunChecks" >> beam.ParDo(
+            _ValidateFn(self.sandbox, self.check_config, self.workers, self.gpus, self.store_dir)
+        ).with_outputs(REJECTED, main="accepted")
         return outputs.accepted, outputs[REJECTED]
 
 
-class _ValidateBatch(beam.DoFn):
+class _ValidateFn(beam.DoFn):
+    """Each candidate goes to the pool as it arrives and its verdict leaves as soon as it is
+    known, so no worker waits for the slowest candidate of a batch. Twice as many
+    candidates as workers are in flight; the rest wait in Beam."""
+
     def __init__(self, sandbox, check_config, workers, gpus, store_dir):
         self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
         self.store_dir = store_dir
@@ -129,14 +130,30 @@ class _ValidateBatch(beam.DoFn):
         self.pool = shared_pool(self.workers, self.sandbox, self.gpus)
         self.store = VerdictStore(self.store_dir) if self.store_dir else None
 
-    def process(self, batch: list[Candidate]):
-        for candidate, verdict in zip(batch, validate(batch, self.pool, self.check_config, store=self.store)):
+    def start_bundle(self):
+        self.in_flight: list[tuple[Candidate, Future, WindowedValue]] = []
+
+    def process(self, candidate: Candidate, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+        future = start_validation(candidate, self.pool, self.check_config, store=self.store)
+        self.in_flight.append((candidate, future, WindowedValue(None, timestamp, [window])))
+        if len(self.in_flight) >= 2 * self.workers:
+            wait([f for _, f, _ in self.in_flight], return_when=FIRST_COMPLETED)
+        yield from self._emit(everything=False)
+
+    def finish_bundle(self):
+        yield from self._emit(everything=True)
+
+    def _emit(self, everything: bool):
+        """The verdicts already known, or (`everything`) all of them, each as it finishes."""
+        futures = {future: (candidate, place) for candidate, future, place in self.in_flight}
+        for future in as_completed(futures) if everything else [f for f in futures if f.done()]:
+            candidate, place = futures.pop(future)
+            verdict = future.result()
             count(verdict.stage, "passed" if verdict.passed else verdict.reason)
             progress.report(verdict.passed, verdict.reason)
-            if verdict.passed:
-                yield candidate, verdict
-            else:
-                yield beam.pvalue.TaggedOutput(REJECTED, (candidate, verdict))
+            value = place.with_value((candidate, verdict))
+            yield value if verdict.passed else beam.pvalue.TaggedOutput(REJECTED, value)
+        self.in_flight = [(candidate, future, place) for future, (candidate, place) in futures.items()]
 
 
 class WriteRecords(beam.PTransform):

@@ -2,9 +2,10 @@
 import apache_beam as beam
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.window import GlobalWindow
 
 from operators.records import Candidate
-from pipeline.transforms import ComposeCandidates, DropDuplicates
+from pipeline.transforms import ComposeCandidates, DropDuplicates, _ValidateFn
 
 
 def candidate(cid, index):
@@ -56,3 +57,35 @@ def test_decontaminate_rejects_a_disguised_copy_and_keeps_the_score_on_the_rest(
         assert_that(clean | "Kept" >> beam.MapTuple(lambda c, v: (c.id, v.passed, v.metrics["eager_ms"],
                                                                  v.metrics["kernelbench_max_similarity"] < 0.9)),
                     equal_to([("other", True, 2.0, True)]), label="clean")
+
+
+
+def test_validation_streams_so_a_hanging_candidate_holds_back_no_other(cache_dir):
+    """The hanging task goes in first and holds one of the two workers until its timeout;
+    the other worker decides every quick task meanwhile, and their verdicts leave first, as
+    each is known (in batches, a batch would wait for its slowest candidate)."""
+    from tests.conftest import make_task, sandbox_options
+
+    def task(cid, index, forward):
+        return Candidate(cid, ("torch.sigmoid",), "torch#1", make_task(forward), "template", 0, {"index": index})
+
+    hang = task("hang", 0, "while True:\n    pass")
+    quick = [task(f"quick{i}", i + 1, f"return torch.sigmoid(x) * {i + 2}.0") for i in range(6)]
+    validate_fn = _ValidateFn(sandbox_options(cache_dir, timeout_s=10), {"compile": False, "window_ms": [1e-6, 1e6]},
+                              2, None, None)
+    validate_fn.setup()
+    validate_fn.start_bundle()
+    left = []
+    for candidate in [hang, *quick]:
+        left += [("process", *_record(output)) for output in validate_fn.process(candidate, 0, GlobalWindow())]
+    left += [("finish_bundle", *_record(output)) for output in validate_fn.finish_bundle()]
+    assert left[-1] == ("finish_bundle", "hang", "timeout")
+    assert sorted(cid for _, cid, _ in left[:-1]) == [c.id for c in quick]
+    assert all(reason == "accepted" for _, _, reason in left[:-1])
+    assert any(step == "process" for step, _, _ in left)  # verdicts leave while candidates still arrive
+
+
+def _record(output):
+    windowed = output.value if isinstance(output, beam.pvalue.TaggedOutput) else output
+    candidate, verdict = windowed.value
+    return candidate.id, verdict.reason or "accepted"
