@@ -36,7 +36,7 @@ DEFAULTS = {
     # Memory the resize search may give one task in this worker (None: the task cap). The
     # later checks hold a second model and more outputs, so a share's third is the limit.
     "memory_budget_gb": None,
-    "timing_budget_ms": 200.0, "warmup_ms": 50.0, "ablation": True, "min_repeats": 5, "max_repeats": 30, "compile": True, "timing_lock": None,
+    "timing_budget_ms": 100.0, "warmup_ms": 50.0, "ablation": True, "min_repeats": 5, "max_repeats": 20, "compile": True, "timing_lock": None,
 }
 
 
@@ -65,20 +65,24 @@ def evaluate(code: str, config: dict) -> dict:
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
     device = torch.device(cfg["device"])
     gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"))
-    with _timed(metrics, "load"), gate.shared():
-        task, model, inputs, out = _load_and_run(code, cfg, device)
-    with _timed(metrics, "timing"):
-        code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate)
-    with _timed(metrics, "determinism"), gate.shared():
-        _check_determinism(task, model, inputs, out, cfg, device, metrics)
-    with _timed(metrics, "degenerate"), gate.shared():
-        _check_not_constant(task, model, inputs, out, cfg, device, metrics)
-    if cfg["ablation"]:
-        with _timed(metrics, "ablation"), gate.shared():
-            _check_nothing_dead(model, inputs, out, cfg, metrics)
-    if cfg["compile"]:
-        with _timed(metrics, "compile"):
-            _check_compile(model, inputs, out, cfg, metrics, gate)
+    try:
+        with _timed(metrics, "load"), gate.shared():
+            task, model, inputs, out = _load_and_run(code, cfg, device)
+        with _timed(metrics, "timing"):
+            code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate)
+        with _timed(metrics, "determinism"), gate.shared():
+            _check_determinism(task, model, inputs, out, cfg, device, metrics)
+        with _timed(metrics, "degenerate"), gate.shared():
+            _check_not_constant(task, model, inputs, out, cfg, device, metrics)
+        if cfg["ablation"]:
+            with _timed(metrics, "ablation"), gate.shared():
+                _check_nothing_dead(model, inputs, out, cfg, metrics)
+        if cfg["compile"]:
+            with _timed(metrics, "compile"):
+                _check_compile(model, inputs, out, cfg, metrics, gate)
+    finally:
+        if gate.path:
+            metrics.update(gate_wait_ms=gate.waited_s * 1e3, gpu_alone_ms=gate.alone_s * 1e3)
     return code
 
 
@@ -93,6 +97,8 @@ class GpuGate:
 
     def __init__(self, path: str | None):
         self.path = path
+        self.waited_s = 0.0  # time spent waiting to enter, either way
+        self.alone_s = 0.0  # time spent holding the GPU alone
 
     @contextlib.contextmanager
     def shared(self):
@@ -100,9 +106,11 @@ class GpuGate:
             yield
             return
         with open(self.path + ".gate", "a") as gate, open(self.path, "a") as gpu:
+            began = time.perf_counter()
             fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
             fcntl.flock(gpu, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
+            self.waited_s += time.perf_counter() - began
             try:
                 yield
             finally:
@@ -114,13 +122,17 @@ class GpuGate:
             yield
             return
         with open(self.path + ".gate", "a") as gate, open(self.path, "a") as gpu:
+            began = time.perf_counter()
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(gpu, fcntl.LOCK_EX)
+            entered = time.perf_counter()
+            self.waited_s += entered - began
             try:
                 yield
             finally:
                 fcntl.flock(gpu, fcntl.LOCK_UN)
                 fcntl.flock(gate, fcntl.LOCK_UN)
+                self.alone_s += time.perf_counter() - entered
 
 
 @contextlib.contextmanager
@@ -197,6 +209,8 @@ def _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate: "Gpu
             eager_ms, peak = _measure(model, inputs, cfg, device, precise=False)
         too_large = peak is not None and peak > cap_bytes
         if low <= eager_ms <= high and not too_large:
+            with gate.shared():  # warming up needs no GPU of its own: the timer holds it only to measure
+                _warm_up(model, inputs, device, cfg["warmup_ms"])
             with gate.exclusive():
                 eager_ms, peak = _measure(model, inputs, cfg, device, precise=True)
             too_large = peak is not None and peak > cap_bytes
@@ -264,19 +278,21 @@ def _release(device) -> None:
 
 
 def _measure(model, inputs, cfg, device, precise: bool = True) -> tuple[float, int | None]:
-    """Median eager forward time in ms after warm-up, and peak device memory in bytes. A
-    quick measurement (for the resize search) skips the warm-up and takes three samples;
-    the caller decides whether it owns the GPU (GpuGate)."""
-    if not precise:
-        cfg = {**cfg, "warmup_ms": 0.0, "timing_budget_ms": 0.0, "min_repeats": 3}
+    """Median eager forward time in ms, and peak device memory in bytes. A quick measurement
+    (for the resize search) warms up with three calls and takes three samples. A precise one
+    expects a model already warmed up and takes `timing_budget_ms` of samples, within
+    `min_repeats`..`max_repeats`. The caller decides whether it owns the GPU (GpuGate)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     first = _time_once(model, inputs, device)
     if first > cfg["window_ms"][1] * 5:
         return first, _peak(device)
-    _warm_up(model, inputs, device, cfg["warmup_ms"])
-    repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
+    if precise:
+        repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
+    else:
+        _warm_up(model, inputs, device, 0.0)
+        repeats = 3
     times = [_time_once(model, inputs, device) for _ in range(repeats)]
     return statistics.median(times), _peak(device)
 

@@ -25,6 +25,7 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
         "time_by_check_s": time_by_check(records),
+        "gpu_gate_s": gpu_gate(records),
         "llm": llm_usage(records, len(accepted)),
         "kernelbench_similarity_histogram": histogram(
             [v.metrics.get("kernelbench_max_similarity") for _, v in accepted], SIMILARITY_EDGES),
@@ -68,6 +69,14 @@ def time_by_check(records: list[tuple[Candidate, Verdict]]) -> dict:
             if key.startswith("t_") and key.endswith("_ms") and isinstance(value, (int, float)):
                 totals[key[2:-3]] += value / 1e3
     return {check: round(seconds, 2) for check, seconds in totals.most_common()}
+
+
+def gpu_gate(records: list[tuple[Candidate, Verdict]]) -> dict:
+    """On a GPU: time the workers spent waiting at the timing gate, and holding the GPU
+    alone to time, summed over every candidate (both are inside time_by_check_s)."""
+    waiting = sum(v.metrics.get("gate_wait_ms", 0.0) for _, v in records) / 1e3
+    alone = sum(v.metrics.get("gpu_alone_ms", 0.0) for _, v in records) / 1e3
+    return {"waiting": round(waiting, 2), "alone": round(alone, 2)} if waiting or alone else {}
 
 
 def histogram(values: list[float | None], edges: tuple = HISTOGRAM_EDGES_MS) -> dict:

@@ -116,6 +116,7 @@ def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):
     events = dict(log.get(timeout=5) for _ in range(6))
     assert events["writer in"] >= events["reader 0.6 out"]  # waited for the reader inside
     assert events["reader 0.0 in"] >= events["writer out"]  # the late reader waited for the writer
+    assert gate.waited_s >= 0.3 and gate.alone_s >= 0.3  # what the run reports as gate_wait and gpu_alone
 
 
 def _hold_shared(path, seconds, log):
