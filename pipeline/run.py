@@ -17,6 +17,7 @@ import platform
 import re
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, replace
@@ -287,9 +288,15 @@ def _sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int,
     return SandboxOptions(
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb, read_only_fs=cfg.read_only_fs,
         threads=max(1, (os.cpu_count() or 1) // workers), log_path=str(out_dir / "workers.log"),
-        timing_lock_dir=str(cache_dir) if device == "cuda" else None,
+        timing_lock_dir=gpu_lock_dir() if device == "cuda" else None,
         gpu_memory_gb=gpu_share_gb(gpus, workers) if device == "cuda" else None,
         env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
+
+
+def gpu_lock_dir() -> str:
+    """Host-local, not in the cache: on a distributed runner the cache is a shared mount,
+    and a lock there would make every host's GPU 0 take turns with every other's."""
+    return os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
 
 
 def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:

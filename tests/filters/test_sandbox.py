@@ -92,13 +92,16 @@ def test_validate_runs_the_static_check_before_any_code(pool):
     assert verdicts[1].passed
 
 
-def test_the_gpu_timing_gate_works_inside_a_read_only_worker(cache_dir, tmp_path):
+def test_the_gpu_timing_gate_works_inside_a_read_only_worker(cache_dir, tmp_path, monkeypatch):
     """The gate's lock files live outside the scratch folder; the worker keeps them writable
-    (a GPU run gives every worker this gate; here it runs on the CPU with the same code)."""
+    (a GPU run gives every worker this gate; here it runs on the CPU with the same code).
+    The run's GPU 1 under CUDA_VISIBLE_DEVICES=5,7 is the host's GPU 7: its lock is gpu7's."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     locks = tmp_path / "locks"
-    with WorkerPool(1, sandbox_options(cache_dir, timing_lock_dir=str(locks))) as pool:
+    with WorkerPool(1, sandbox_options(cache_dir, timing_lock_dir=str(locks)), gpus=[1]) as pool:
         # with compile on: the compiled code runs under the gate through the gated backend
         [result] = pool.run_many([{"code": BENIGN, "config": {"window_ms": [1e-6, 1e6]}}])
         assert pool.workers[0].info["files"].startswith("read-only but ")
     assert result["passed"] and result["metrics"]["compile_max_diff"] <= 1e-2, result
-    assert sorted(p.name for p in locks.iterdir()) == ["gpu0.lock", "gpu0.lock.gate"]
+    assert result["metrics"]["gpu_alone_ms"] > 0 and result["metrics"]["gate_wait_ms"] >= 0
+    assert sorted(p.name for p in locks.iterdir()) == ["gpu7.lock", "gpu7.lock.gate"]
