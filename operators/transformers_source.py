@@ -11,6 +11,7 @@ left out. Classes that are not layer-level, or cannot be inlined, are listed as 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import inspect
 import logging
@@ -77,17 +78,33 @@ def transformers_ops(families: Iterable[str] | None = None) -> Iterable[InlinedO
 
     names = sorted(families or (m.name for m in pkgutil.iter_modules(transformers.models.__path__)))
     transformers_logging.set_verbosity_error()  # small configs make it warn about token ids
-    for family in names:
-        modeling = _import(f"transformers.models.{family}.modeling_{family}")
-        if modeling is None:
-            continue
-        primary_config = _primary_config(family)
-        for cls in _layer_candidates(modeling):
-            try:
-                yield _prepare(cls, primary_config)
-            except Exception as error:  # one class's oddity (a config that refuses a read) skips only it
-                yield SkippedOp(f"{cls.__module__}.{cls.__name__}", LIBRARY, MODULE, "crawl_error",
-                                f"{type(error).__name__}: {str(error)[:200]}")
+    with _hub_offline():
+        for family in names:
+            modeling = _import(f"transformers.models.{family}.modeling_{family}")
+            if modeling is None:
+                continue
+            primary_config = _primary_config(family)
+            for cls in _layer_candidates(modeling):
+                try:
+                    yield _prepare(cls, primary_config)
+                except Exception as error:  # one class's oddity (a config that refuses a read) skips only it
+                    yield SkippedOp(f"{cls.__module__}.{cls.__name__}", LIBRARY, MODULE, "crawl_error",
+                                    f"{type(error).__name__}: {str(error)[:200]}")
+
+
+@contextlib.contextmanager
+def _hub_offline():
+    """A few layers (timm backbones) fetch a pretrained config in __init__. The crawl builds
+    from small local configs only: offline, such a fetch fails at once instead of retrying
+    for a minute on a host without network."""
+    from huggingface_hub import constants
+
+    was = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = was
 
 
 def _import(module_name: str):
