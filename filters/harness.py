@@ -62,6 +62,41 @@ def evaluate(code: str, config: dict) -> dict:
     return {"passed": True, "stage": "accepted", "reason": "", "detail": "", "metrics": metrics, "code": code}
 
 
+WARM_UP_TASK = """\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x)).cumsum(-1)
+
+
+def get_inputs():
+    return [torch.rand(32, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def warm_up(device: str) -> dict:
+    """Run every check once on a small built-in task, then freeze what is alive into the
+    garbage collector's permanent generation. The first compile imports most of Inductor;
+    frozen, those objects are no longer traversed by every full collection (0.2-0.3 s a
+    candidate on this code's CPU, before), and no candidate pays the cold compile."""
+    result = evaluate(WARM_UP_TASK, {"device": device, "window_ms": (0.0, math.inf)})
+    _reset_dynamo()
+    _release(torch.device(device))
+    gc.freeze()
+    return result
+
+
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
     device = torch.device(cfg["device"])
     gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"))

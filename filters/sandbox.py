@@ -47,6 +47,9 @@ class SandboxOptions:
     isolate_network: bool = True
     read_only_fs: bool = True  # every file system read-only but the scratch folder and compiler caches
     startup_timeout_s: float = 180.0
+    # Each worker starts by running the checks on a built-in task (harness.warm_up): no
+    # candidate pays the cold compile, and the garbage collector skips what that imported.
+    warm_up: bool = True
     log_path: str | None = None
     # Workers that share a GPU take turns timing through a lock file per GPU in this folder,
     # which must be local to the host: every run there that times on a GPU takes its turn.
@@ -87,7 +90,8 @@ class Worker:
         self.stop()
         job_r, self.job_fd = os.pipe()
         self.result_fd, result_w = os.pipe()
-        options = {"isolate_network": self.options.isolate_network, "read_only_fs": self.options.read_only_fs,
+        options = {"device": self.options.device, "warm_up": self.options.warm_up,
+                   "isolate_network": self.options.isolate_network, "read_only_fs": self.options.read_only_fs,
                    "threads": self.options.threads,
                    "gpu_memory_gb": self.options.gpu_memory_gb,
                    "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None}

@@ -184,11 +184,17 @@ def main() -> None:
         # Workers share the GPU: none may take more than its task cap (plus headroom).
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, options["gpu_memory_gb"] * 2**30 / total))
-    from filters.harness import evaluate
+    from filters.harness import evaluate, warm_up
 
-    print(f"sandbox worker {host_pid}: processes {processes}; network {network}; file system {files}",
-          file=sys.stderr, flush=True)
-    send(result_fd, {"ready": True, "processes": processes, "network": network, "files": files, "pid": host_pid})
+    warmed = "not requested"
+    if options.get("warm_up", True):
+        result = warm_up(options.get("device", "cpu"))
+        # a failure is the host's (its compiler, say), not a candidate's: every candidate will say so too
+        warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
+    print(f"sandbox worker {host_pid}: processes {processes}; network {network}; file system {files}; "
+          f"warm-up {warmed}", file=sys.stderr, flush=True)
+    send(result_fd, {"ready": True, "processes": processes, "network": network, "files": files, "pid": host_pid,
+                     "warm_up": warmed})
     while (job := receive(job_fd)) is not None:
         workdir = tempfile.mkdtemp(dir=scratch)
         os.chdir(workdir)

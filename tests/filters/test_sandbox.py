@@ -20,7 +20,7 @@ HOSTILE = {
 
 @pytest.fixture(scope="module")
 def short_pool(cache_dir):
-    with WorkerPool(2, sandbox_options(cache_dir, timeout_s=15)) as pool:
+    with WorkerPool(2, sandbox_options(cache_dir, timeout_s=15, warm_up=False)) as pool:  # replaced often
         yield pool
 
 
@@ -59,7 +59,7 @@ def test_printing_a_fake_verdict_does_not_reach_the_result_channel(pool):
 
 def test_rss_guard_kills_a_worker_that_outgrows_its_memory(cache_dir):
     code = make_task("y = torch.ones(3 << 28)\nreturn x + y.sum()")  # 3 GiB resident
-    with WorkerPool(1, sandbox_options(cache_dir, memory_guard="rss", max_memory_gb=1.5)) as pool:
+    with WorkerPool(1, sandbox_options(cache_dir, memory_guard="rss", max_memory_gb=1.5, warm_up=False)) as pool:
         [result] = pool.run_many([{"code": code, "config": FAST}])
         assert result["reason"] == "out_of_memory", result
         [after] = pool.run_many([{"code": BENIGN, "config": FAST}])
@@ -102,6 +102,7 @@ def test_the_gpu_timing_gate_works_inside_a_read_only_worker(cache_dir, tmp_path
         # with compile on: the compiled code runs under the gate through the gated backend
         [result] = pool.run_many([{"code": BENIGN, "config": {"window_ms": [1e-6, 1e6]}}])
         assert pool.workers[0].info["files"].startswith("read-only but ")
+        assert pool.workers[0].info["warm_up"] == "passed"  # the built-in task, compiled, through the gate
     assert result["passed"] and result["metrics"]["compile_max_diff"] <= 1e-2, result
     assert result["metrics"]["gpu_alone_ms"] > 0 and result["metrics"]["gate_wait_ms"] >= 0
     assert sorted(p.name for p in locks.iterdir()) == ["gpu7.lock", "gpu7.lock.gate"]

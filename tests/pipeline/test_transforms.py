@@ -71,8 +71,8 @@ def test_validation_streams_so_a_hanging_candidate_holds_back_no_other(cache_dir
 
     hang = task("hang", 0, "while True:\n    pass")
     quick = [task(f"quick{i}", i + 1, f"return torch.sigmoid(x) * {i + 2}.0") for i in range(6)]
-    validate_fn = _ValidateFn(sandbox_options(cache_dir, timeout_s=10), {"compile": False, "window_ms": [1e-6, 1e6]},
-                              2, None, None)
+    checks = {"compile": False, "window_ms": [1e-6, 1e6]}
+    validate_fn = _ValidateFn(sandbox_options(cache_dir, timeout_s=10, warm_up=False), checks, 2, None, None)
     validate_fn.setup()
     validate_fn.start_bundle()
     left = []
