@@ -46,3 +46,18 @@ def test_ops6k_recipe_reads_its_reference_from_the_environment(monkeypatch):
     assert (cfg.num_samples, cfg.composer, cfg.device, cfg.reference) == (6000, "llm", "cuda", "/data/KernelBench")
     assert cfg.op_count_mix == {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
     assert cfg.llm["model"] == "my-model" and cfg.llm["repair_rounds"] == 1
+
+
+def test_beam_processes_of_a_host_share_its_cores_among_all_their_workers(monkeypatch, tmp_path):
+    """Under the multi-process DirectRunner each Beam process has its own pool: the pools
+    together take one worker a core, and each worker's threads are the host's share."""
+    from pipeline.run import _sandbox_options, default_workers
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    beam_args = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+    cfg = build_config(None, {"beam_args": beam_args})
+    workers = default_workers("cpu", [], beam_args)
+    assert workers == 4
+    assert _sandbox_options(cfg, "cpu", [], workers, tmp_path).threads == 1
+    assert _sandbox_options(build_config(None, {}), "cpu", [], 8, tmp_path).threads == 1
+    assert _sandbox_options(build_config(None, {}), "cpu", [], 2, tmp_path).threads == 4
