@@ -1,16 +1,19 @@
 """Progress of a run: a live status line in a terminal, plain log lines otherwise.
 
 The validate stage reports each verdict as it is decided (`report`), which the live line
-shows when Beam runs the stages in this process (the DirectRunner's default mode). Under a
+shows when Beam runs the stages in this process (the DirectRunner's default mode); when not
+in a terminal, the same line goes to the log every `log_every_s` while it changes. Under a
 multi-process or remote runner the line moves once a round, from the round's records.
 """
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 from collections import Counter
 
+log = logging.getLogger("opsynth")
 _ACTIVE: "Progress | None" = None
 
 
@@ -20,8 +23,8 @@ def report(passed: bool, reason: str) -> None:
 
 
 class Progress:
-    def __init__(self, target: int, already_accepted: int = 0, stream=None):
-        self.target, self.stream = target, stream or sys.stderr
+    def __init__(self, target: int, already_accepted: int = 0, stream=None, log_every_s: float = 15.0):
+        self.target, self.stream, self.log_every_s = target, stream or sys.stderr, log_every_s
         self.accepted, self.rejected = already_accepted, Counter()
         self.started, self.base = time.monotonic(), already_accepted
         self.lock = threading.Lock()
@@ -54,8 +57,7 @@ class Progress:
     def __enter__(self):
         global _ACTIVE
         _ACTIVE = self
-        if self.live:
-            threading.Thread(target=self._refresh, daemon=True).start()
+        threading.Thread(target=self._refresh if self.live else self._log_changes, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
@@ -70,3 +72,11 @@ class Progress:
         while not self.stopped.wait(0.5):
             self.stream.write("\r\x1b[2K" + self.line())
             self.stream.flush()
+
+    def _log_changes(self) -> None:
+        logged = (self.accepted, sum(self.rejected.values()))
+        while not self.stopped.wait(self.log_every_s):
+            now = (self.accepted, sum(self.rejected.values()))
+            if now != logged:
+                log.info("%s", self.line())
+                logged = now

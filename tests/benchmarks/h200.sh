@@ -3,6 +3,7 @@
 #   bash tests/benchmarks/h200.sh crawl [SEEDS]                 # crawl, seed audit, sandbox check
 #   bash tests/benchmarks/h200.sh run CANDIDATES WORKERS BENCH  # end-to-end run, cross-check, pool bench
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
+#   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -17,6 +18,11 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,nohe
 if [ "$STAGE" = audit ]; then
     echo "== seed audit: ${1:-200} transformers seeds on the GPU"
     python3 -m tests.benchmarks.seed_audit --sample "${1:-200}" --device cuda --out /tmp/audit 2>&1 | tail -30
+    exit 0
+fi
+if [ "$STAGE" = runners ]; then
+    echo "== the DirectRunner: one process vs ${2:-2} processes, ${1:-120} candidates"
+    python3 -m tests.benchmarks.bench_runners --device cuda --candidates "${1:-120}" --processes "${2:-2}" 2>&1 | tail -4
     exit 0
 fi
 if [ "$STAGE" = crawl ]; then
@@ -38,13 +44,13 @@ start=$(date +%s.%N)
 python3 -m pipeline.cli run --device cuda --num-samples 100000 --max-candidates "$CANDIDATES" \
     --workers "$WORKERS" --out "$RUN" --timeout-s 240 --max-memory-gb 24 2>&1 | tail -6
 echo "run wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
-mkdir -p "$OUT/run" && cp "$RUN/stats.json" "$RUN/README.md" "$RUN"/data/*.parquet "$RUN"/rejects/*.parquet "$OUT/run/"
+mkdir -p "$OUT/run" && cp "$RUN/stats.json" "$RUN/run.log" "$RUN"/data/*.parquet "$RUN"/rejects/*.parquet "$OUT/run/"
 tail -c 200000 "$RUN/workers.log" > "$OUT/run/workers.log"
 python3 - "$RUN/stats.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-keys = ("composed", "accepted", "rejected", "wall_time_s", "rejected_by_reason", "time_by_check_s", "op_count_mix",
-        "eager_ms_histogram")
+keys = ("composed", "accepted", "rejected", "wall_time_s", "rejected_by_reason", "time_by_check_s", "gpu_gate_s",
+        "op_count_mix", "eager_ms_histogram")
 print(json.dumps({k: s[k] for k in keys}))
 print("accepted per hour", round(s["accepted"] / s["wall_time_s"] * 3600))
 PY

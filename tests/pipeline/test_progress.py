@@ -24,9 +24,14 @@ def test_live_line_in_a_terminal_counts_verdicts_as_they_are_reported():
     progress.report(True, "")  # no run in progress: nothing to update, no error
 
 
-def test_no_live_line_when_not_a_terminal():
+def test_plain_log_lines_when_not_a_terminal_and_only_while_counts_change(caplog):
     plain = io.StringIO()
-    with Progress(target=3, stream=plain):
+    with caplog.at_level("INFO", logger="opsynth"), Progress(target=3, stream=plain, log_every_s=0.2):
         progress.report(True, "")
-        time.sleep(0.6)
-    assert plain.getvalue() == ""
+        time.sleep(0.5)
+        progress.report(False, "timeout")
+        time.sleep(0.7)
+    assert plain.getvalue() == ""  # no terminal control codes where there is no terminal
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" | ")[:2] for line in lines] == [["accepted 1/3", "rejected 0 (none)"],
+                                                          ["accepted 1/3", "rejected 1 (timeout 1)"]]
