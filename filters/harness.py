@@ -85,16 +85,36 @@ def get_init_inputs():
 """
 
 
-def warm_up(device: str) -> dict:
+def warm_up(device: str, cache_dir: str) -> dict:
     """Run every check once on a small built-in task, then freeze what is alive into the
     garbage collector's permanent generation. The first compile imports most of Inductor;
     frozen, those objects are no longer traversed by every full collection (0.2-0.3 s a
-    candidate on this code's CPU, before), and no candidate pays the cold compile."""
-    result = evaluate(WARM_UP_TASK, {"device": device, "window_ms": (0.0, math.inf)})
+    candidate on this code's CPU, before), and no candidate pays the cold compile.
+    The warm-up compiles into `cache_dir` (the worker's own), not the run's shared compiler
+    cache: every worker compiles the same kernels at the same moment at start, and none
+    may wait on another's lock there."""
+    with _compiler_caches(cache_dir):
+        result = evaluate(WARM_UP_TASK, {"device": device, "window_ms": (0.0, math.inf)})
     _reset_dynamo()
     _release(torch.device(device))
     gc.freeze()
     return result
+
+
+@contextlib.contextmanager
+def _compiler_caches(folder: str):
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    triton = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    try:
+        with temporary_cache_dir(folder):
+            yield
+    finally:
+        if triton is None:
+            del os.environ["TRITON_CACHE_DIR"]
+        else:
+            os.environ["TRITON_CACHE_DIR"] = triton
 
 
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:

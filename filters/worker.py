@@ -188,7 +188,7 @@ def main() -> None:
 
     warmed = "not requested"
     if options.get("warm_up", True):
-        result = warm_up(options.get("device", "cpu"))
+        result = warm_up(options.get("device", "cpu"), os.path.join(scratch, "warm-up-compiler-cache"))
         # a failure is the host's (its compiler, say), not a candidate's: every candidate will say so too
         warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
     print(f"sandbox worker {host_pid}: processes {processes}; network {network}; file system {files}; "
