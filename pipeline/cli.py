@@ -133,8 +133,6 @@ def _validate(args, beam_args) -> int:
 def _crawl(args, beam_args) -> int:
     import shutil
 
-    import pyarrow.parquet as pq
-
     from operators.catalog import coverage_summary, load_or_crawl
     from operators.sources import UnknownLibrary
     from pipeline.config import DEFAULT_LIBRARIES, default_cache_dir

@@ -84,7 +84,7 @@ def test_position_ids_recipe_and_a_rotary_table_that_ignores_its_input(crawled):
     assert rotary.call_args == {"position_ids": "$=position_ids(x)"}
     assert "def position_ids(x)" in rotary.definitions
     # its cos/sin depend on positions only: runnable, but never an accepted task
-    skipped = crawled[1][f"transformers.models.llama.modeling_llama.LlamaRotaryEmbedding"]
+    skipped = crawled[1]["transformers.models.llama.modeling_llama.LlamaRotaryEmbedding"]
     assert skipped.reason == "input_independent"
 
 
