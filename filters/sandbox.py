@@ -114,7 +114,9 @@ class Worker:
         ready = self._read(self.options.startup_timeout_s)
         if not isinstance(ready, dict) or not ready.get("ready"):
             self.stop()
-            raise WorkerFailed(f"a sandbox worker did not start ({ready}); see {self.options.log_path or 'its stderr'}")
+            why = (f"not ready within {self.options.startup_timeout_s:.0f} s" if ready == "timeout"
+                   else "it exited before it was ready" if ready is None else f"it answered {ready}")
+            raise WorkerFailed(f"a sandbox worker did not start ({why}); see {self.options.log_path or 'its stderr'}")
         self.info = ready
 
     def stop(self) -> None:

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from filters.sandbox import WorkerFailed
 from pipeline.config import ConfigError
 
 
@@ -23,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"opsynth: error: {error}", file=sys.stderr)
         return 2
+    except WorkerFailed as error:  # the host, not a candidate: nothing can be validated
+        message = str(error).split(" [while running")[0]
+        logging.getLogger("opsynth").error("%s", message)
+        print(f"opsynth: error: {message}. Finished work is kept; fix that and run the same command again.",
+              file=sys.stderr)
+        return 3
 
 
 def _drop_beam_import_noise(record: logging.LogRecord) -> bool:

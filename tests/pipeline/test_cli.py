@@ -81,3 +81,22 @@ def test_crawl_reports_counts_per_library_and_kind_and_a_second_crawl_is_cached(
     assert main(args + ["--out", str(tmp_path / "second.parquet")]) == 0
     assert cached[0].stat().st_mtime_ns == modified  # served from the cache, not crawled again
     assert (tmp_path / "second.parquet").read_bytes() == (tmp_path / "first.parquet").read_bytes()
+
+
+def test_workers_that_cannot_start_end_the_run_with_one_clear_line(tmp_path, capsys, monkeypatch):
+    """A host where the sandbox worker cannot start (a stand-in: its interpreter exits at
+    once) stops the run with exit 3 and says where to look, instead of a Beam traceback."""
+    from pathlib import Path
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
+    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text())
+    monkeypatch.setattr("filters.sandbox.sys.executable", "/bin/false")
+    out = tmp_path / "audit"
+    code, err = run_cli(capsys, "validate", str(tasks), "--out", str(out), "--workers", "1",
+                        "--cache-dir", str(tmp_path))
+    assert code == 3
+    assert err.strip().splitlines()[-1] == (
+        f"opsynth: error: a sandbox worker did not start (it exited before it was ready); see {out}/workers.log. "
+        "Finished work is kept; fix that and run the same command again.")
