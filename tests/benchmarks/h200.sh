@@ -10,6 +10,7 @@
 set -uo pipefail
 STAGE=${1:-run}; shift
 OUT=${OUT:-/tmp/opsynth-out}
+mkdir -p "$OUT" && exec > >(tee -a "$OUT/h200.log") 2>&1  # what it prints comes back even if the call times out
 RUN=/tmp/opsynth-run  # the device returns at most 8 files: only the ones that matter are copied to $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_CACHE_DIR=$PWD/.device-cache
