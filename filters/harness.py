@@ -103,18 +103,24 @@ def warm_up(device: str, cache_dir: str) -> dict:
 
 @contextlib.contextmanager
 def _compiler_caches(folder: str):
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-    triton = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    """Inductor's and Triton's caches in `folder` for the length of the block. Inductor
+    memoizes some paths under its cache: those are cleared on the way in and out."""
     try:
-        with temporary_cache_dir(folder):
-            yield
+        from torch._inductor.utils import clear_caches
+    except ImportError:  # a torch without it memoizes no cache path
+        clear_caches = lambda: None  # noqa: E731
+    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ.update(TORCHINDUCTOR_CACHE_DIR=folder, TRITON_CACHE_DIR=os.path.join(folder, "triton"))
+    clear_caches()
+    try:
+        yield
     finally:
-        if triton is None:
-            del os.environ["TRITON_CACHE_DIR"]
-        else:
-            os.environ["TRITON_CACHE_DIR"] = triton
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        clear_caches()
 
 
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:

@@ -188,9 +188,12 @@ def main() -> None:
 
     warmed = "not requested"
     if options.get("warm_up", True):
-        result = warm_up(options.get("device", "cpu"), os.path.join(scratch, "warm-up-compiler-cache"))
         # a failure is the host's (its compiler, say), not a candidate's: every candidate will say so too
-        warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
+        try:
+            result = warm_up(options.get("device", "cpu"), os.path.join(scratch, "warm-up-compiler-cache"))
+            warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
+        except Exception as error:
+            warmed = f"failed: {type(error).__name__}: {error}"
     print(f"sandbox worker {host_pid}: processes {processes}; network {network}; file system {files}; "
           f"warm-up {warmed}", file=sys.stderr, flush=True)
     send(result_fd, {"ready": True, "processes": processes, "network": network, "files": files, "pid": host_pid,

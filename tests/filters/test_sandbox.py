@@ -95,14 +95,20 @@ def test_validate_runs_the_static_check_before_any_code(pool):
 def test_the_gpu_timing_gate_works_inside_a_read_only_worker(cache_dir, tmp_path, monkeypatch):
     """The gate's lock files live outside the scratch folder; the worker keeps them writable
     (a GPU run gives every worker this gate; here it runs on the CPU with the same code).
-    The run's GPU 1 under CUDA_VISIBLE_DEVICES=5,7 is the host's GPU 7: its lock is gpu7's."""
+    The run's GPU 1 under CUDA_VISIBLE_DEVICES=5,7 is the host's GPU 7: its lock is gpu7's.
+    The worker's warm-up compiles into a cache of its own: the run's shared one stays empty
+    until a candidate compiles."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
-    locks = tmp_path / "locks"
-    with WorkerPool(1, sandbox_options(cache_dir, timing_lock_dir=str(locks)), gpus=[1]) as pool:
+    locks, shared_cache = tmp_path / "locks", tmp_path / "inductor"
+    options = sandbox_options(cache_dir, timing_lock_dir=str(locks), env=(("TORCHINDUCTOR_CACHE_DIR", str(shared_cache)),))
+    with WorkerPool(1, options, gpus=[1]) as pool:
+        pool.workers[0].start()
+        assert pool.workers[0].info["warm_up"] == "passed"  # the built-in task, compiled, through the gate
+        assert [p for p in shared_cache.rglob("*") if p.is_file()] == []
         # with compile on: the compiled code runs under the gate through the gated backend
         [result] = pool.run_many([{"code": BENIGN, "config": {"window_ms": [1e-6, 1e6]}}])
         assert pool.workers[0].info["files"].startswith("read-only but ")
-        assert pool.workers[0].info["warm_up"] == "passed"  # the built-in task, compiled, through the gate
+    assert any(p.is_file() for p in shared_cache.rglob("*"))
     assert result["passed"] and result["metrics"]["compile_max_diff"] <= 1e-2, result
     assert result["metrics"]["gpu_alone_ms"] > 0 and result["metrics"]["gate_wait_ms"] >= 0
     assert sorted(p.name for p in locks.iterdir()) == ["gpu7.lock", "gpu7.lock.gate"]
