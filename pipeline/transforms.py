@@ -131,13 +131,13 @@ class _ValidateFn(beam.DoFn):
         self.store = VerdictStore(self.store_dir) if self.store_dir else None
 
     def start_bundle(self):
-        self.in_flight: list[tuple[Candidate, Future, WindowedValue]] = []
+        self.in_flight: dict[Future, tuple[Candidate, WindowedValue]] = {}
 
     def process(self, candidate: Candidate, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
         future = start_validation(candidate, self.pool, self.check_config, store=self.store)
-        self.in_flight.append((candidate, future, WindowedValue(None, timestamp, [window])))
+        self.in_flight[future] = (candidate, WindowedValue(None, timestamp, [window]))
         if len(self.in_flight) >= 2 * self.workers:
-            wait([f for _, f, _ in self.in_flight], return_when=FIRST_COMPLETED)
+            wait(self.in_flight, return_when=FIRST_COMPLETED)
         yield from self._emit(everything=False)
 
     def finish_bundle(self):
@@ -145,15 +145,14 @@ class _ValidateFn(beam.DoFn):
 
     def _emit(self, everything: bool):
         """The verdicts already known, or (`everything`) all of them, each as it finishes."""
-        futures = {future: (candidate, place) for candidate, future, place in self.in_flight}
-        for future in as_completed(futures) if everything else [f for f in futures if f.done()]:
-            candidate, place = futures.pop(future)
+        finished = as_completed(self.in_flight) if everything else [f for f in self.in_flight if f.done()]
+        for future in finished:
+            candidate, place = self.in_flight.pop(future)
             verdict = future.result()
             count(verdict.stage, "passed" if verdict.passed else verdict.reason)
             progress.report(verdict.passed, verdict.reason)
             value = place.with_value((candidate, verdict))
             yield value if verdict.passed else beam.pvalue.TaggedOutput(REJECTED, value)
-        self.in_flight = [(candidate, future, place) for future, (candidate, place) in futures.items()]
 
 
 class WriteRecords(beam.PTransform):
