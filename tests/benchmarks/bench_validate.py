@@ -21,37 +21,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from filters.harness import WARM_UP_TASK
 from filters.sandbox import WORKER_ENV, SandboxOptions, WorkerPool
 from filters.static_check import static_check
 from operators.catalog import load_or_crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
 from pipeline.config import DEFAULT_LIBRARIES, RunConfig
 from pipeline.run import gpu_share_gb
-
-WARM_UP_TASK = """\
-import torch
-import torch.nn as nn
-
-batch_size = 64
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(128, 128)
-
-    def forward(self, x):
-        return torch.tanh(self.linear(x))
-
-
-def get_inputs():
-    return [torch.rand(batch_size, 128)]
-
-
-def get_init_inputs():
-    return []
-"""
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -73,7 +49,9 @@ def main() -> None:
                              memory_guard="rss", gpu_memory_gb=gpu_memory_gb, timing_lock_dir=locks if cuda else None)
     with WorkerPool(args.workers, options) as pool:
         began = time.perf_counter()
-        warm = [pool.submit({"code": WARM_UP_TASK, "config": config}) for _ in pool.workers]
+        # every worker warms up as it starts; one job each makes them all start now, in parallel
+        warm = [pool.submit({"code": WARM_UP_TASK, "config": {**config, "window_ms": [0.0, 1e9]}})
+                for _ in pool.workers]
         assert all(f.result()["passed"] for f in warm), [f.result() for f in warm]
         start_s = time.perf_counter() - began
         began = time.perf_counter()
