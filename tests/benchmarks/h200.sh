@@ -2,6 +2,7 @@
 # The GPU measurements of BENCHMARKS.md, in two calls on the device machine:
 #   bash tests/benchmarks/h200.sh crawl [SEEDS]                 # crawl, seed audit, sandbox check
 #   bash tests/benchmarks/h200.sh run CANDIDATES WORKERS BENCH  # end-to-end run, cross-check, pool bench
+#   bash tests/benchmarks/h200.sh bench CANDIDATES              # the pool bench alone
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
@@ -13,12 +14,19 @@ OUT=${OUT:-/tmp/opsynth-out}
 mkdir -p "$OUT" && exec > >(tee -a "$OUT/h200.log") 2>&1  # what it prints comes back even if the call times out
 RUN=/tmp/opsynth-run  # the device returns at most 8 files: only the ones that matter are copied to $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_CACHE_DIR=$PWD/.device-cache
+# The caches live on the machine's local disk (the carried catalog copied in), not in the copied repo folder.
+mkdir -p /tmp/opsynth-cache && cp -r .device-cache/. /tmp/opsynth-cache/ 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_CACHE_DIR=/tmp/opsynth-cache
 python3 -c "import torch, transformers, apache_beam, libcst; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'cores', __import__('os').cpu_count())"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 if [ "$STAGE" = audit ]; then
     echo "== seed audit: ${1:-200} transformers seeds on the GPU"
     python3 -m tests.benchmarks.seed_audit --sample "${1:-200}" --device cuda --out /tmp/audit 2>&1 | tail -30
+    exit 0
+fi
+if [ "$STAGE" = bench ]; then
+    echo "== worker pool vs fresh process per candidate"
+    timeout 420 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "${1:-60}" --workers 7 2>&1 | tail -8
     exit 0
 fi
 if [ "$STAGE" = runners ]; then
@@ -42,11 +50,18 @@ fi
 CANDIDATES=${1:-300}; WORKERS=${2:-0}; BENCH=${3:-24}  # WORKERS 0: as many as GPU memory allows
 echo "== end-to-end run: $CANDIDATES candidates, $WORKERS workers"
 start=$(date +%s.%N)
-python3 -m pipeline.cli run --device cuda --num-samples 100000 --max-candidates "$CANDIDATES" \
-    --workers "$WORKERS" --out "$RUN" --timeout-s 240 --max-memory-gb 24 2>&1 | tail -6
+# Every 30 s: how many sandbox workers live, the GPU's memory and load, the run's newest log line.
+( while sleep 30; do echo "-- $(date +%T) workers $(pgrep -fc filters.worker)" \
+    "gpu $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)" \
+    "| $(tail -n1 "$RUN/run.log" 2>/dev/null | cut -c1-160)"; done ) & MONITOR=$!
+# a run that overstays leaves time to copy its logs back
+timeout -k 20 "${RUN_LIMIT_S:-420}" python3 -m pipeline.cli run --device cuda --num-samples 100000 \
+    --max-candidates "$CANDIDATES" --workers "$WORKERS" --out "$RUN" --timeout-s 240 --max-memory-gb 24 2>&1 | tail -6
 echo "run wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+kill $MONITOR
 mkdir -p "$OUT/run" && cp "$RUN/stats.json" "$RUN/run.log" "$RUN"/data/*.parquet "$RUN"/rejects/*.parquet "$OUT/run/"
 tail -c 200000 "$RUN/workers.log" > "$OUT/run/workers.log"
+[ -f "$RUN/stats.json" ] || exit 1
 python3 - "$RUN/stats.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -56,7 +71,7 @@ print(json.dumps({k: s[k] for k in keys}))
 print("accepted per hour", round(s["accepted"] / s["wall_time_s"] * 3600))
 PY
 echo "== cross-check against torch.profiler"
-python3 -m tests.benchmarks.gpu_crosscheck "$RUN" --tasks 20 2>&1 | tail -24
+timeout 120 python3 -m tests.benchmarks.gpu_crosscheck "$RUN" --tasks 20 2>&1 | tail -24
 [ "$BENCH" -gt 0 ] || exit 0
 echo "== worker pool vs fresh process per candidate"
 timeout 300 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "$BENCH" --workers 7 2>&1 | tail -8
