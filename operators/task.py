@@ -42,22 +42,42 @@ def bind(spec: OpSpec, layout: Layout, shape: tuple[int, ...]) -> BoundOp:
     return BoundOp(spec, init_kwargs, call_kwargs)
 
 
+MAX_STATE_ELEMENTS = 1 << 27  # parameters and buffers (512 MB in float32): a larger chain is never built
+
+
+class ChainTooLarge(ValueError):
+    """The chain's weights are past MAX_STATE_ELEMENTS: too large to probe or to make a task of."""
+
+
 def chain_output(chain: list[BoundOp], layout: Layout, shape: tuple[int, ...], device: str | None = None,
                  input_seed: int | None = None):
     """Build and run the task the chain renders to, on shape-only tensors (the meta device),
     falling back to real CPU tensors for ops without a meta kernel. The code is our own
     rendering of crawled ops, never candidate code. Returns what Model.forward returns.
-    With `input_seed` (real tensors), the weights are seeded alike and the inputs by it."""
+    With `input_seed` (real tensors), the weights are seeded alike and the inputs by it.
+    Raises ChainTooLarge before the CPU fallback would allocate weights past the bound."""
     code = render_task(chain, layout, shape)
     if device is not None:
         return _run_task(code, torch.device(device), input_seed)
     try:
-        return _run_task(code, torch.device("meta"))
-    except (NotImplementedError, RuntimeError):
+        model, inputs = _build_task(code, torch.device("meta"))
+    except (NotImplementedError, RuntimeError):  # an __init__ that reads values (.item()) builds on the CPU only
+        return _run_task(code, torch.device("cpu"))
+    try:
+        with torch.device("meta"), torch.no_grad():
+            return model(*inputs)
+    except (NotImplementedError, RuntimeError):  # a forward without a meta kernel (RNNs in torch 2.11)
         return _run_task(code, torch.device("cpu"))
 
 
 def _run_task(code: str, device: torch.device, input_seed: int | None = None):
+    model, inputs = _build_task(code, device, input_seed)
+    with torch.device(device), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model(*inputs)
+
+
+def _build_task(code: str, device: torch.device, input_seed: int | None = None):
     namespace = {"__name__": "opsynth_chain"}
     with torch.device(device), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -65,9 +85,12 @@ def _run_task(code: str, device: torch.device, input_seed: int | None = None):
         if input_seed is not None:
             torch.manual_seed(0)
         model = namespace["Model"](*namespace["get_init_inputs"]())
+        state = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+        if state > MAX_STATE_ELEMENTS:
+            raise ChainTooLarge(f"the chain's weights hold {state:,} elements (at most {MAX_STATE_ELEMENTS:,})")
         if input_seed is not None:
             torch.manual_seed(input_seed)
-        return model(*namespace["get_inputs"]())
+        return model, namespace["get_inputs"]()
 
 
 def call_path(spec: OpSpec) -> str:

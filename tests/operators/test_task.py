@@ -5,7 +5,8 @@ import torch
 
 from filters.static_check import static_check
 from operators.layouts import LAYOUTS
-from operators.task import bind, chain_output, normalized_code, render_task, task_id
+from operators.records import OpSpec
+from operators.task import ChainTooLarge, bind, chain_output, normalized_code, render_task, task_id
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +44,30 @@ def test_meta_shape_matches_a_real_run(specs):
     real = torch.nn.MaxPool1d(kernel_size=3)(torch.rand(layout.sizes))
     assert shape == tuple(real.shape)
     ast.parse(render_task([pool], layout, layout.sizes))
+
+
+WIDE_LINEAR = OpSpec("torch.nn.Linear", "torch", "module", ("features",), ("features",),
+                     init_args={"in_features": "$L", "out_features": 300_000})
+# Its forward reads a value, which the meta device cannot: the probe falls back to the CPU.
+VALUE_READING = OpSpec(
+    "ValueReading", "torch", "module", ("features",), ("features",), init_args={"width": 300_000},
+    definitions=("class ValueReading(nn.Module):\n"
+                 "    def __init__(self, width):\n"
+                 "        super().__init__()\n"
+                 "        self.proj = nn.Linear(512, width)\n"
+                 "    def forward(self, x):\n"
+                 "        return x * float(x.abs().max().item())\n"))
+
+
+@pytest.mark.parametrize("spec", [WIDE_LINEAR, VALUE_READING], ids=["meta-kernel", "cpu-fallback"])
+def test_a_chain_with_weights_past_the_bound_is_refused_before_it_is_built_on_the_cpu(spec):
+    layout = LAYOUTS["features"]  # 512 -> 300,000 weights: 153.6 million elements, past MAX_STATE_ELEMENTS
+    with pytest.raises(ChainTooLarge, match="153,900,000 elements"):
+        chain_output([bind(spec, layout, layout.sizes)], layout, layout.sizes)
+
+
+def test_a_chain_without_a_meta_kernel_still_runs_on_the_cpu():
+    layout = LAYOUTS["features"]
+    small = OpSpec(**{**VALUE_READING.__dict__, "init_args": {"width": 16}})
+    out = chain_output([bind(small, layout, layout.sizes)], layout, layout.sizes)
+    assert out.device.type == "cpu" and tuple(out.shape) == layout.sizes
