@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import gc
 import math
 import os
@@ -127,17 +128,17 @@ def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
     device = torch.device(cfg["device"])
     gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"))
     try:
-        with _timed(metrics, "load"), gate.shared():
-            task, model, inputs, out = _load_and_run(code, cfg, device)
+        with _timed(metrics, "load"):
+            task, model, inputs, out = _load_and_run(code, cfg, device, gate)
         with _timed(metrics, "timing"):
             code, task, model, inputs, out = _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate)
-        with _timed(metrics, "determinism"), gate.shared():
-            _check_determinism(task, model, inputs, out, cfg, device, metrics)
-        with _timed(metrics, "degenerate"), gate.shared():
-            _check_not_constant(task, model, inputs, out, cfg, device, metrics)
+        with _timed(metrics, "determinism"):
+            _check_determinism(task, model, inputs, out, cfg, device, metrics, gate)
+        with _timed(metrics, "degenerate"):
+            _check_not_constant(task, model, inputs, out, cfg, device, metrics, gate)
         if cfg["ablation"]:
-            with _timed(metrics, "ablation"), gate.shared():
-                _check_nothing_dead(model, inputs, out, cfg, metrics)
+            with _timed(metrics, "ablation"):
+                _check_nothing_dead(model, inputs, out, cfg, metrics, gate)
         if cfg["compile"]:
             with _timed(metrics, "compile"):
                 _check_compile(model, inputs, out, cfg, metrics, gate)
@@ -152,9 +153,10 @@ class GpuGate:
 
     Timing is the writer: it closes the gate (no new GPU work may start), waits for the
     GPU work under way to finish, and measures alone. Every other stretch of GPU work is a
-    reader. Both are flock(2) locks on files beside each other, so they hold across
-    processes and are released by the OS if a worker dies. Without a path (CPU) both are
-    no-ops."""
+    reader, held for one step (a build, a forward, a comparison), not a whole check: a timer
+    waits for the longest reader under way, and every other worker waits behind the timer.
+    Both are flock(2) locks on files beside each other, so they hold across processes and
+    are released by the OS if a worker dies. Without a path (CPU) both are no-ops."""
 
     def __init__(self, path: str | None):
         self.path = path
@@ -174,8 +176,15 @@ class GpuGate:
             self.waited_s += time.perf_counter() - began
             try:
                 yield
+                if torch.cuda.is_initialized():  # the step's kernels finish before a timer may enter
+                    torch.cuda.synchronize()
             finally:
                 fcntl.flock(gpu, fcntl.LOCK_UN)
+
+    def call(self, step, *args):
+        """`step(*args)` as one stretch of shared GPU work."""
+        with self.shared():
+            return step(*args)
 
     @contextlib.contextmanager
     def exclusive(self):
@@ -240,18 +249,22 @@ def flatten(out) -> list[torch.Tensor]:
     raise TypeError(f"forward returned {type(out).__name__}, not tensors")
 
 
-def _load_and_run(code: str, cfg: dict, device: torch.device):
+def _load_and_run(code: str, cfg: dict, device: torch.device, gate: "GpuGate"):
     try:
         task = load_task(code)
-        model = build_model(task, cfg["seed"], device)
+        model = gate.call(build_model, task, cfg["seed"], device)
         torch.manual_seed(cfg["seed"] + 1)
-        inputs = make_inputs(task, device)
-        out = forward(model, inputs)
+        inputs = gate.call(make_inputs, task, device)
+        out = gate.call(forward, model, inputs)
     except Exception as error:
         raise _as_reject(error, "execute") from None
-    if not all(bool(_isfinite(t).all()) for t in out if t.is_floating_point() or t.is_complex()):
+    if not gate.call(_all_finite, out):
         raise Reject("execute", "nan_or_inf", "the eager output holds NaN or Inf")
     return task, model, inputs, out
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    return all(bool(_isfinite(t).all()) for t in tensors if t.is_floating_point() or t.is_complex())
 
 
 # -- timing window and re-sizing ---------------------------------------------------------
@@ -270,8 +283,7 @@ def _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate: "Gpu
             eager_ms, peak = _measure(model, inputs, cfg, device, precise=False)
         too_large = peak is not None and peak > cap_bytes
         if low <= eager_ms <= high and not too_large:
-            with gate.shared():  # warming up needs no GPU of its own: the timer holds it only to measure
-                _warm_up(model, inputs, device, cfg["warmup_ms"])
+            _warm_up(model, inputs, device, cfg["warmup_ms"], gate)  # no GPU of its own: only measuring needs that
             with gate.exclusive():
                 eager_ms, peak = _measure(model, inputs, cfg, device, precise=True)
             too_large = peak is not None and peak > cap_bytes
@@ -295,8 +307,7 @@ def _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate: "Gpu
             break
         del task, model, inputs, out
         _release(device)
-        with gate.shared():
-            loaded = _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at)
+        loaded = _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at, gate)
         if loaded is None:
             raise Reject("timing", "too_large", f"no batch size between {too_fast_at} and {batch} fits in memory")
         code, task, model, inputs, out, too_slow_at = loaded
@@ -313,12 +324,12 @@ def _bracketed(guess: int, batch: int, too_fast_at: int, too_slow_at: float) -> 
     return None if guess in (batch, too_fast_at, too_slow_at) or guess < 1 else guess
 
 
-def _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at):
+def _load_resized(code, guess, batch, cfg, device, metrics, too_fast_at, too_slow_at, gate: "GpuGate"):
     """Load the task at `guess`; running out of memory lowers the bracket and tries smaller."""
     while guess is not None:
         resized, _, _ = scale_constant(code, guess / batch)
         try:
-            task, model, inputs, out = _load_and_run(resized, cfg, device)
+            task, model, inputs, out = _load_and_run(resized, cfg, device, gate)
         except Reject as reject:
             if reject.reason != "out_of_memory":
                 raise
@@ -358,12 +369,13 @@ def _measure(model, inputs, cfg, device, precise: bool = True) -> tuple[float, i
     return statistics.median(times), _peak(device)
 
 
-def _warm_up(model, inputs, device, budget_ms: float) -> None:
+def _warm_up(model, inputs, device, budget_ms: float, gate: "GpuGate | None" = None) -> None:
     """At least three calls and `budget_ms` of them: the first calls of a fresh process
-    fault their memory in (slow and uneven on a VM) and can read many times too slow."""
+    fault their memory in (slow and uneven on a VM) and can read many times too slow.
+    With a gate, each call is its own stretch of shared GPU work."""
     spent, calls = 0.0, 0
     while calls < 3 or spent < budget_ms:
-        spent += _time_once(model, inputs, device)
+        spent += gate.call(_time_once, model, inputs, device) if gate else _time_once(model, inputs, device)
         calls += 1
 
 
@@ -387,31 +399,32 @@ def _peak(device) -> int | None:
 
 # -- determinism, degeneracy, compile ----------------------------------------------------
 
-def _check_determinism(task, model, inputs, out, cfg, device, metrics):
-    again = forward(model, inputs)
-    fresh = forward(build_model(task, cfg["seed"], device), inputs)
-    diff = max(max_diff(out, again), max_diff(out, fresh))
+def _check_determinism(task, model, inputs, out, cfg, device, metrics, gate: "GpuGate"):
+    again = gate.call(forward, model, inputs)
+    fresh = gate.call(forward, gate.call(build_model, task, cfg["seed"], device), inputs)
+    diff = max(gate.call(max_diff, out, again), gate.call(max_diff, out, fresh))
     metrics["determinism_max_diff"] = diff
     if diff > cfg["determinism_tol"]:
         raise Reject("determinism", "nondeterministic",
                      f"two runs on the same weights and inputs differ by {diff:.3g} (> {cfg['determinism_tol']})")
 
 
-def _check_not_constant(task, model, inputs, out, cfg, device, metrics):
-    other_inputs = make_inputs(task, device)
+def _check_not_constant(task, model, inputs, out, cfg, device, metrics, gate: "GpuGate"):
+    other_inputs = gate.call(make_inputs, task, device)
     tensors = [(a, b) for a, b in zip(inputs, other_inputs) if isinstance(a, torch.Tensor)]
-    if tensors and all(a.shape == b.shape and _equal(a, b) for a, b in tensors):
+    if tensors and gate.call(lambda: all(a.shape == b.shape and _equal(a, b) for a, b in tensors)):
         raise Reject("degenerate", "fixed_inputs", "get_inputs() returned the same tensors twice")
-    other = forward(model, other_inputs)
-    metrics["input_sensitivity"] = max_diff(out, other)
-    if close(out, other, cfg["atol"], cfg["rtol"]):
+    other = gate.call(forward, model, other_inputs)
+    metrics["input_sensitivity"] = gate.call(max_diff, out, other)
+    if gate.call(close, out, other, cfg["atol"], cfg["rtol"]):
         raise Reject("degenerate", "constant_output",
                      "outputs for two independent random inputs agree at the verification tolerance")
 
 
-def _check_nothing_dead(model, inputs, out, cfg, metrics):
+def _check_nothing_dead(model, inputs, out, cfg, metrics, gate: "GpuGate"):
     tolerances = (cfg["atol"], cfg["rtol"])
-    dead = ablation.find_dead_parameter(model, inputs, out, forward, close, *tolerances, cfg["seed"] + 7)
+    forward_, close_ = functools.partial(gate.call, forward), functools.partial(gate.call, close)
+    dead = ablation.find_dead_parameter(model, inputs, out, forward_, close_, *tolerances, cfg["seed"] + 7)
     if dead:
         raise Reject("ablation", "dead_parameter",
                      f"perturbing parameter {dead!r} leaves the output unchanged at the verification tolerance")
@@ -422,7 +435,7 @@ def _check_nothing_dead(model, inputs, out, cfg, metrics):
     unused = ablation.find_unused_module(model, graph)
     if unused:
         raise Reject("ablation", "unused_module", f"submodule {unused!r} is built in __init__ but never used")
-    redundant = ablation.find_redundant_op(model, inputs, out, forward, close, *tolerances)
+    redundant = ablation.find_redundant_op(model, inputs, out, forward_, close_, *tolerances)
     if redundant:
         raise Reject("ablation", "redundant_op",
                      f"dropping {redundant} leaves the output unchanged at the verification tolerance")

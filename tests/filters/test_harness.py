@@ -119,6 +119,65 @@ def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):
     assert gate.waited_s >= 0.3 and gate.alone_s >= 0.3  # what the run reports as gate_wait and gpu_alone
 
 
+class _SlowChain(__import__("torch").nn.Module):
+    """Two layers and three ops; every forward takes 50 ms of (pretend) GPU time."""
+
+    def __init__(self):
+        import torch
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        import time
+
+        import torch
+        time.sleep(0.05)
+        return torch.relu(self.b(torch.tanh(self.a(x))))
+
+
+def test_a_check_holds_the_gpu_gate_one_step_at_a_time_so_a_timer_waits_for_one_step(tmp_path):
+    """A timer waits for the readers inside to finish. Held for a whole check (the ablation
+    runs a dozen forwards), that wait stalled every other worker behind the timer."""
+    import threading
+    import time
+
+    import torch
+
+    from filters import harness
+    from filters.harness import GpuGate
+
+    path = str(tmp_path / "gpu0.lock")
+    cfg = {**harness.DEFAULTS, "window_ms": (0.0, 1e9)}
+    task = type("Task", (), {"Model": _SlowChain, "get_init_inputs": lambda: [],
+                             "get_inputs": lambda: [torch.rand(4, 16)]})
+    model = harness.build_model(task, 0, torch.device("cpu"))
+    torch.manual_seed(1)  # as the harness draws inputs: not from the weights' seed
+    inputs = [torch.rand(4, 16)]
+    out = harness.forward(model, inputs)
+    finished = []
+
+    def checks():
+        gate, metrics, cpu = GpuGate(path), {}, torch.device("cpu")
+        harness._check_determinism(task, model, inputs, out, cfg, cpu, metrics, gate)
+        harness._check_not_constant(task, model, inputs, out, cfg, cpu, metrics, gate)
+        harness._check_nothing_dead(model, inputs, out, cfg, metrics, gate)
+        finished.append(metrics)
+
+    began = time.monotonic()
+    worker = threading.Thread(target=checks)
+    worker.start()
+    waits = []
+    while worker.is_alive():
+        timer = GpuGate(path)
+        with timer.exclusive():
+            time.sleep(0.01)
+        waits.append(timer.waited_s)
+    worker.join()
+    assert finished and finished[0]["determinism_max_diff"] == 0.0  # the checks ran to the end and passed
+    assert time.monotonic() - began > 0.6  # the checks ran a dozen forwards of 50 ms
+    assert len(waits) > 5 and max(waits) < 0.2, waits  # a timer never waited for more than one of them
+
+
 def _hold_shared(path, seconds, log):
     import time
 
