@@ -51,6 +51,7 @@ CANDIDATES=${1:-300}; WORKERS=${2:-0}; BENCH=${3:-24}  # WORKERS 0: as many as G
 echo "== template composition in one process (where a run composes)"
 timeout 90 python3 -m tests.benchmarks.bench_compose --candidates "$CANDIDATES" 2>&1 | tail -6
 echo "== end-to-end run: $CANDIDATES candidates, $WORKERS workers"
+rm -rf "$RUN"  # a run left by an earlier call on a warm machine would be resumed, not measured
 start=$(date +%s.%N)
 # Every 30 s: how many sandbox workers live, the GPU's memory and load, the run's newest log line.
 ( while sleep 30; do echo "-- $(date +%T) workers $(pgrep -fc filters.worker)" \
