@@ -37,7 +37,9 @@ DEFAULTS = {
     # Memory the resize search may give one task in this worker (None: the task cap). The
     # later checks hold a second model and more outputs, so a share's third is the limit.
     "memory_budget_gb": None,
-    "timing_budget_ms": 100.0, "warmup_ms": 50.0, "ablation": True, "min_repeats": 5, "max_repeats": 20, "compile": True, "timing_lock": None,
+    # Timing holds the GPU alone while every other worker waits: 5 to 10 samples, ~50 ms of them.
+    "timing_budget_ms": 50.0, "warmup_ms": 20.0, "min_repeats": 5, "max_repeats": 10,
+    "ablation": True, "compile": True, "timing_lock": None,
 }
 
 
