@@ -69,6 +69,7 @@ def run(cfg: RunConfig) -> dict:
     staging = _staging_dir(out_dir, _fingerprint(cfg, device))
     records = drop_near_duplicates(_read_rounds(staging), cfg.dedupe_threshold)
     next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
+    resumed = len(records), sum(v.passed for _, v in records)  # (decided, accepted) by earlier invocations
     if records:
         log.info("resuming: %d candidates already decided in %s", len(records), staging)
 
@@ -79,7 +80,8 @@ def run(cfg: RunConfig) -> dict:
                                              workers, cache_dir, out_dir, status)
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
-    run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started)
+    run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started, resumed,
+                         sum(v.passed for _, v in records))
     stats = write_dataset(out_dir, records, run_info)
     log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
     _copy_to_remote(out_dir, cfg.out)
@@ -396,7 +398,10 @@ def _log_to(path: Path) -> None:
         root.setLevel(min(root.level or logging.INFO, logging.INFO))
 
 
-def _run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time_s: float) -> dict:
+def _run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time_s: float,
+              resumed: tuple[int, int], accepted: int) -> dict:
+    """`wall_time_s` and `accepted_per_hour` are this invocation's: a resumed run's counts
+    include what earlier invocations decided (`resumed_candidates`), its clock does not."""
     return {
         "device": device, "composer": cfg.composer, "seed": cfg.seed, "window_ms": list(cfg.window_ms),
         "atol": cfg.atol, "rtol": cfg.rtol, "determinism_tol": cfg.determinism_tol,
@@ -404,6 +409,7 @@ def _run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_tim
         "decontaminated": reference is not None, "similarity_threshold": cfg.similarity_threshold,
         "dedupe_threshold": cfg.dedupe_threshold,
         "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": round(wall_time_s, 1),
+        "resumed_candidates": resumed[0], "accepted_per_hour": round((accepted - resumed[1]) / wall_time_s * 3600),
         "libraries": list(cfg.libraries), "versions": versions(),
     }
 

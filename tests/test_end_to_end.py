@@ -85,6 +85,9 @@ def test_run_writes_the_design_layout_and_loads_with_datasets(run_dir):
 
     stats = json.loads((out / "stats.json").read_text())
     assert stats["composed"] == stats["accepted"] + stats["rejected"] == loaded.num_rows + rejects.num_rows
+    assert stats["resumed_candidates"] == 0
+    rate = stats["accepted"] / stats["wall_time_s"] * 3600
+    assert abs(stats["accepted_per_hour"] - rate) <= 0.01 * rate
     ids = list(loaded["id"]) + rejects.column("id").to_pylist()
     assert len(ids) == len(set(ids))
     assert (out / "README.md").read_text().startswith("---\n")
@@ -121,6 +124,9 @@ def test_the_same_command_again_resumes_without_new_work(run_dir):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming" in again.stderr
     assert sorted(p.name for p in (out / ".staging").glob("round-*")) == before
+    stats = json.loads((out / "stats.json").read_text())  # this invocation's rate, not the run's total over its clock
+    assert stats["resumed_candidates"] == stats["composed"] and stats["accepted"] > 0
+    assert stats["accepted_per_hour"] == 0
 
 
 def test_the_finished_run_publishes_as_a_version_that_loads_back(run_dir, tmp_path):
