@@ -285,7 +285,7 @@ def _fit_window(code, cfg, device, metrics, task, model, inputs, out, gate: "Gpu
             eager_ms, peak = _measure(model, inputs, cfg, device, precise=False)
         too_large = peak is not None and peak > cap_bytes
         if low <= eager_ms <= high and not too_large:
-            _warm_up(model, inputs, device, cfg["warmup_ms"], gate)  # no GPU of its own: only measuring needs that
+            _warm_up(model, inputs, device, cfg["warmup_ms"], gate)  # shares the GPU: only measuring holds it alone
             with gate.exclusive():
                 eager_ms, peak = _measure(model, inputs, cfg, device, precise=True)
             too_large = peak is not None and peak > cap_bytes
@@ -425,8 +425,10 @@ def _check_not_constant(task, model, inputs, out, cfg, device, metrics, gate: "G
 
 def _check_nothing_dead(model, inputs, out, cfg, metrics, gate: "GpuGate"):
     tolerances = (cfg["atol"], cfg["rtol"])
-    forward_, close_ = functools.partial(gate.call, forward), functools.partial(gate.call, close)
-    dead = ablation.find_dead_parameter(model, inputs, out, forward_, close_, *tolerances, cfg["seed"] + 7)
+    # Each probe's forward and comparison take the gate; the perturbations between them
+    # (one elementwise kernel per parameter) and the tracing (CPU) do not.
+    gated_forward, gated_close = functools.partial(gate.call, forward), functools.partial(gate.call, close)
+    dead = ablation.find_dead_parameter(model, inputs, out, gated_forward, gated_close, *tolerances, cfg["seed"] + 7)
     if dead:
         raise Reject("ablation", "dead_parameter",
                      f"perturbing parameter {dead!r} leaves the output unchanged at the verification tolerance")
@@ -437,7 +439,7 @@ def _check_nothing_dead(model, inputs, out, cfg, metrics, gate: "GpuGate"):
     unused = ablation.find_unused_module(model, graph)
     if unused:
         raise Reject("ablation", "unused_module", f"submodule {unused!r} is built in __init__ but never used")
-    redundant = ablation.find_redundant_op(model, inputs, out, forward_, close_, *tolerances)
+    redundant = ablation.find_redundant_op(model, inputs, out, gated_forward, gated_close, *tolerances)
     if redundant:
         raise Reject("ablation", "redundant_op",
                      f"dropping {redundant} leaves the output unchanged at the verification tolerance")

@@ -1,7 +1,13 @@
 """One case per execution reason code, all run through the real sandbox pool in one batch."""
 import ast
+import threading
+import time
 
 import pytest
+import torch
+
+from filters import harness
+from filters.harness import GpuGate
 
 from tests.conftest import make_task
 
@@ -119,18 +125,14 @@ def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):
     assert gate.waited_s >= 0.3 and gate.alone_s >= 0.3  # what the run reports as gate_wait and gpu_alone
 
 
-class _SlowChain(__import__("torch").nn.Module):
+class _SlowChain(torch.nn.Module):
     """Two layers and three ops; every forward takes 50 ms of (pretend) GPU time."""
 
     def __init__(self):
-        import torch
         super().__init__()
         self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
 
     def forward(self, x):
-        import time
-
-        import torch
         time.sleep(0.05)
         return torch.relu(self.b(torch.tanh(self.a(x))))
 
@@ -138,14 +140,6 @@ class _SlowChain(__import__("torch").nn.Module):
 def test_a_check_holds_the_gpu_gate_one_step_at_a_time_so_a_timer_waits_for_one_step(tmp_path):
     """A timer waits for the readers inside to finish. Held for a whole check (the ablation
     runs a dozen forwards), that wait stalled every other worker behind the timer."""
-    import threading
-    import time
-
-    import torch
-
-    from filters import harness
-    from filters.harness import GpuGate
-
     path = str(tmp_path / "gpu0.lock")
     cfg = {**harness.DEFAULTS, "window_ms": (0.0, 1e9)}
     task = type("Task", (), {"Model": _SlowChain, "get_init_inputs": lambda: [],
