@@ -64,14 +64,17 @@ def chain_output(chain: list[BoundOp], layout: Layout, shape: tuple[int, ...], d
     except (NotImplementedError, RuntimeError):  # an __init__ that reads values (.item()) builds on the CPU only
         return _run_task(code, torch.device("cpu"))
     try:
-        with torch.device("meta"), torch.no_grad():
-            return model(*inputs)
+        return _forward(model, inputs, torch.device("meta"))
     except (NotImplementedError, RuntimeError):  # a forward without a meta kernel (RNNs in torch 2.11)
         return _run_task(code, torch.device("cpu"))
 
 
 def _run_task(code: str, device: torch.device, input_seed: int | None = None):
     model, inputs = _build_task(code, device, input_seed)
+    return _forward(model, inputs, device)
+
+
+def _forward(model, inputs: list, device: torch.device):
     with torch.device(device), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model(*inputs)

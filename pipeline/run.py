@@ -166,7 +166,8 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
         (accepted, failed) | "AllRecords" >> beam.Flatten() | "Write" >> WriteRecords(str(path))
     records = _read_jsonl(path)
     stop = f"validated all {len(candidates)} tasks of {tasks}"
-    run_info = _run_info(cfg, device, None, stop, time.monotonic() - started, (0, 0), sum(v.passed for _, v in records))
+    run_info = _run_info(cfg, device, None, stop, time.monotonic() - started, (0, 0),
+                         sum(v.passed for _, v in records))
     stats = write_dataset(out_dir, records, run_info)
     log.info("wrote %s: %d of %d tasks pass", out_dir, stats["accepted"], stats["composed"])
     _copy_to_remote(out_dir, cfg.out)
