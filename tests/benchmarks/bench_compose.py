@@ -10,13 +10,10 @@ five slowest candidates with their ops.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import time
 
-from operators.catalog import load_or_crawl
-from pipeline.composers.template import TemplateComposer
-from pipeline.config import DEFAULT_LIBRARIES, RunConfig
+from tests.benchmarks.bench_validate import default_composer
 
 
 def main() -> None:
@@ -24,9 +21,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    cfg = RunConfig()
-    _, catalog = load_or_crawl(list(DEFAULT_LIBRARIES), os.path.expanduser(cfg.cache_dir))
-    composer = TemplateComposer(catalog, cfg.op_count_mix, cfg.library_mix)
+    composer = default_composer()
 
     timings = []
     began = time.perf_counter()
@@ -38,7 +33,7 @@ def main() -> None:
     total = time.perf_counter() - began
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{args.candidates} candidates in {total:.1f} s ({args.candidates / total:.1f}/s) "
-          f"from {len(catalog)} ops; peak resident memory {peak_mib:.0f} MiB")
+          f"from {len(composer.catalog)} ops; peak resident memory {peak_mib:.0f} MiB")
     for seconds, index, ops in sorted(timings, reverse=True)[:5]:
         print(f"  {seconds:6.2f} s  candidate {index}: {' + '.join(ops) or '(compose failed)'}")
 

@@ -76,12 +76,17 @@ def main() -> None:
     report(args, codes, threads, start_s, pool_s, naive_s, pooled, naive)
 
 
+def default_composer() -> TemplateComposer:
+    """The template composer a run with the default configuration composes with."""
+    defaults = RunConfig()
+    _, catalog = load_or_crawl(list(DEFAULT_LIBRARIES), Path(defaults.cache_dir))
+    return TemplateComposer(catalog, defaults.op_count_mix, defaults.library_mix)
+
+
 def candidates(count: int, seed: int) -> list[str]:
     """The first `count` template candidates that pass the static check, drawn as a run
     with the default configuration draws them."""
-    defaults = RunConfig()
-    _, catalog = load_or_crawl(list(DEFAULT_LIBRARIES), Path(defaults.cache_dir))
-    composer = TemplateComposer(catalog, defaults.op_count_mix, defaults.library_mix)
+    composer = default_composer()
     codes = []
     for index in range(count * 3):
         try:
