@@ -374,10 +374,12 @@ def _measure(model, inputs, cfg, device, precise: bool = True) -> tuple[float, i
 def _warm_up(model, inputs, device, budget_ms: float, gate: "GpuGate | None" = None) -> None:
     """At least three calls and `budget_ms` of them: the first calls of a fresh process
     fault their memory in (slow and uneven on a VM) and can read many times too slow.
-    With a gate, each call is its own stretch of shared GPU work."""
+    With a gate, each call is its own stretch of shared GPU work; without one (a caller
+    already inside the gate), none takes it."""
+    gate = gate or GpuGate(None)
     spent, calls = 0.0, 0
     while calls < 3 or spent < budget_ms:
-        spent += gate.call(_time_once, model, inputs, device) if gate else _time_once(model, inputs, device)
+        spent += gate.call(_time_once, model, inputs, device)
         calls += 1
 
 
