@@ -1,13 +1,16 @@
 """Shared fixtures: one crawl and one warm sandbox pool for the whole session."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import textwrap
 
 # A fresh `datasets` cache for every session: the machine's own cache outlives sessions, and
 # pytest reuses temporary paths, so a cached load of an earlier session's folder could answer.
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="opsynth-test-hf-datasets-")
+atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], True)
 
 import pytest
 
