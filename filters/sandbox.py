@@ -14,9 +14,11 @@ import os
 import queue
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,6 +59,9 @@ class SandboxOptions:
     # GPU memory one worker may take (the task cap plus headroom); None leaves it unbounded.
     gpu_memory_gb: float | None = None
     env: tuple = ()  # extra (name, value) environment pairs; a tuple keeps options hashable
+    # Free space the scratch folders and the compiler cache need: Inductor writes every kernel
+    # it builds there. Below it no candidate is sent: on a full disk every compile fails.
+    min_free_gb: float = 1.0
 
     def guard(self) -> str:
         if self.memory_guard != "auto":
@@ -64,24 +69,47 @@ class SandboxOptions:
         return "rss" if self.device.startswith("cuda") else "rlimit"
 
 
-class WorkerFailed(RuntimeError):
-    """A worker could not start at all: an environment problem, not a candidate's fault."""
+class HostProblem(RuntimeError):
+    """The host, not a candidate: nothing can be validated until it is fixed."""
+
+
+class WorkerFailed(HostProblem):
+    """A worker could not start at all."""
+
+
+class DiskFull(HostProblem):
+    """Too little free space where the workers write."""
 
 
 class Worker:
     def __init__(self, options: SandboxOptions, gpu: int | None = None):
         self.options, self.gpu = options, gpu
         self.process: subprocess.Popen | None = None
+        self.scratch: str | None = None  # the worker's only writable folder but the compiler caches
         self.info: dict = {}
 
     def run(self, job: dict) -> dict:
+        self._require_free_space()
         if not self.alive():
             self.start()
         try:
             send(self.job_fd, job)
         except OSError:
             return self._died(job)
-        return self._await_result(job)
+        result = self._await_result(job)
+        # A verdict reached while the disk filled up may be the disk's (a compile that could
+        # not write its kernel): it is dropped, never stored, and the run stops.
+        self._require_free_space()
+        return result
+
+    def _require_free_space(self) -> None:
+        folders = {"the workers' scratch folders (set TMPDIR to move them)": tempfile.gettempdir(),
+                   "the compiler cache (under --cache-dir)": dict(self.options.env).get("TORCHINDUCTOR_CACHE_DIR")}
+        for what, folder in folders.items():
+            free_gb = _free_gb(folder) if folder else None
+            if free_gb is not None and free_gb < self.options.min_free_gb:
+                raise DiskFull(f"only {free_gb:.2f} GiB free on the disk of {folder}, {what}; the sandbox needs "
+                               f"{self.options.min_free_gb:g} GiB there to compile candidates: free some space")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -90,7 +118,8 @@ class Worker:
         self.stop()
         job_r, self.job_fd = os.pipe()
         self.result_fd, result_w = os.pipe()
-        options = {"device": self.options.device, "warm_up": self.options.warm_up,
+        self.scratch = tempfile.mkdtemp(prefix="opsynth-worker-")
+        options = {"scratch": self.scratch, "device": self.options.device, "warm_up": self.options.warm_up,
                    "isolate_network": self.options.isolate_network, "read_only_fs": self.options.read_only_fs,
                    "threads": self.options.threads,
                    "gpu_memory_gb": self.options.gpu_memory_gb,
@@ -128,7 +157,9 @@ class Worker:
             for fd in (self.job_fd, self.result_fd):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.process = None
+        if self.scratch:  # a killed worker cannot clean up after itself
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        self.process, self.scratch = None, None
 
     def _await_result(self, job: dict) -> dict:
         outcome = self._read(self.options.timeout_s, watch_memory=self.options.guard() == "rss")
@@ -233,6 +264,18 @@ def physical_gpu(index: int) -> str:
     those of GPU 2 and 3, shared with any other run on the host that times there."""
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return visible[index] if index < len(visible) else str(index)
+
+
+def _free_gb(folder: str) -> float | None:
+    """Free space on the file system of `folder`, or of its nearest existing parent."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize / 2**30
 
 
 def _rss_bytes(pid: int) -> int:

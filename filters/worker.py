@@ -141,6 +141,16 @@ def _writable_folders(scratch: str) -> list[str]:
     return list(dict.fromkeys(os.path.realpath(f) for f in folders if not f.startswith(scratch + os.sep)))
 
 
+def _share_precompiled_headers() -> None:
+    """Inductor precompiles its C++ headers (about 150 MB a build) into a folder under the
+    temporary directory it saw at import: here, each worker's scratch. In the compiler
+    cache, one build (under Inductor's own file lock) serves every worker and every run."""
+    from torch._inductor import codecache
+    if hasattr(codecache, "_HEADER_DIR"):
+        codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+
+
 def send(fd: int, message: dict) -> None:
     data = json.dumps(message, default=str).encode()
     os.write(fd, len(data).to_bytes(8, "little") + data)
@@ -168,7 +178,7 @@ def main() -> None:
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
     processes, host_pid = (isolate_processes((job_fd, result_fd)) if options.get("isolate_pids", True)
                            else ("not requested", os.getpid()))
-    scratch = tempfile.mkdtemp(prefix="opsynth-worker-")
+    scratch = options["scratch"]  # made, and removed when the worker ends, by the pool
     writable = _writable_folders(scratch)
     network = isolate_network() if options.get("isolate_network", True) else "not requested"
     files = confine_filesystem(writable) if options.get("read_only_fs", True) else "not requested"
@@ -180,6 +190,7 @@ def main() -> None:
 
     import torch
     torch.set_num_threads(options.get("threads") or torch.get_num_threads())
+    _share_precompiled_headers()
     if options.get("gpu_memory_gb") and torch.cuda.is_available():
         # Workers share the GPU: none may take more than its task cap (plus headroom).
         total = torch.cuda.get_device_properties(0).total_memory
@@ -212,6 +223,8 @@ def main() -> None:
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
         send(result_fd, result)
+    # The pool closed the channel, or died: what the candidates left goes with the worker.
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Hostile tasks: each is caught with a reason, the pool survives, and benign work goes on."""
 import os
+from pathlib import Path
 
 import pytest
 
-from filters.sandbox import WorkerPool
+from filters.sandbox import DiskFull, WorkerPool
 from filters.validate import validate
 from operators.records import Candidate
 from tests.conftest import make_task, sandbox_options
@@ -48,6 +49,31 @@ def test_a_task_cannot_signal_the_run_that_started_it(short_pool):
     # its own group holds only the worker: it dies by SIGKILL, which reads as the OOM killer's
     assert results[1]["reason"] == "out_of_memory" and "SIGKILL" in results[1]["detail"], results[1]
     assert worker.run({"code": BENIGN, "config": FAST})["passed"]  # replaced, and the run goes on
+
+
+def test_a_killed_or_closed_worker_leaves_no_scratch_folder(cache_dir):
+    """Each worker's scratch (its working folders, the C++ compiler's temporary files) goes
+    with it, however it ends: nearly 900 left behind by killed workers once filled the disk."""
+    with WorkerPool(1, sandbox_options(cache_dir, timeout_s=15, warm_up=False)) as pool:
+        worker = pool.workers[0]
+        assert worker.run({"code": BENIGN, "config": FAST})["passed"]
+        killed = worker.scratch
+        assert os.path.isdir(killed)
+        assert worker.run({"code": HOSTILE["crashed_segfault"], "config": FAST})["reason"] == "crashed"
+        assert not os.path.exists(killed)
+        assert worker.run({"code": BENIGN, "config": FAST})["passed"]
+        closed = worker.scratch
+    assert closed != killed and not os.path.exists(closed)
+
+
+def test_a_disk_without_room_to_compile_stops_the_pool_before_any_candidate_runs(cache_dir):
+    """A stand-in for a full disk: a free-space floor no disk meets. On a full disk every
+    compile fails, and each candidate would be stored as rejected for the host's fault."""
+    with WorkerPool(1, sandbox_options(cache_dir, min_free_gb=1e9)) as pool:
+        future = pool.submit({"code": BENIGN, "config": FAST})
+        with pytest.raises(DiskFull, match=r"GiB free on the disk of .*the sandbox needs 1e\+09 GiB"):
+            future.result()
+        assert not pool.workers[0].alive()  # refused before a worker was started
 
 
 def test_printing_a_fake_verdict_does_not_reach_the_result_channel(pool):
@@ -96,15 +122,18 @@ def test_the_gpu_timing_gate_works_inside_a_read_only_worker(cache_dir, tmp_path
     """The gate's lock files live outside the scratch folder; the worker keeps them writable
     (a GPU run gives every worker this gate; here it runs on the CPU with the same code).
     The run's GPU 1 under CUDA_VISIBLE_DEVICES=5,7 is the host's GPU 7: its lock is gpu7's.
-    The worker's warm-up compiles into a cache of its own: the run's shared one stays empty
-    until a candidate compiles."""
+    The worker's warm-up compiles into a cache of its own: the run's shared one holds only
+    the precompiled headers until a candidate compiles, and the worker's scratch none."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     locks, shared_cache = tmp_path / "locks", tmp_path / "inductor"
     options = sandbox_options(cache_dir, timing_lock_dir=str(locks), env=(("TORCHINDUCTOR_CACHE_DIR", str(shared_cache)),))
     with WorkerPool(1, options, gpus=[1]) as pool:
         pool.workers[0].start()
         assert pool.workers[0].info["warm_up"] == "passed"  # the built-in task, compiled, through the gate
-        assert [p for p in shared_cache.rglob("*") if p.is_file()] == []
+        # but for Inductor's precompiled headers, built once for every worker and run
+        assert [p for p in shared_cache.rglob("*") if p.is_file() and "precompiled_headers" not in p.parts] == []
+        assert list((shared_cache / "precompiled_headers").glob("*.gch"))
+        assert not list(Path(pool.workers[0].scratch).glob("torchinductor_*"))
         # with compile on: the compiled code runs under the gate through the gated backend
         [result] = pool.run_many([{"code": BENIGN, "config": {"window_ms": [1e-6, 1e6]}}])
         assert pool.workers[0].info["files"].startswith("read-only but ")
