@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 import time
 from pathlib import Path
 
-from filters.sandbox import WorkerFailed
+from filters.sandbox import HostProblem
 from pipeline.config import ConfigError
 
 
@@ -24,12 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"opsynth: error: {error}", file=sys.stderr)
         return 2
-    except WorkerFailed as error:  # the host, not a candidate: nothing can be validated
-        message = str(error).split(" [while running")[0]
-        logging.getLogger("opsynth").error("%s", message)
-        print(f"opsynth: error: {message}. Finished work is kept; fix that and run the same command again.",
-              file=sys.stderr)
-        return 3
+    except HostProblem as error:  # the host, not a candidate: nothing can be validated
+        return _host_problem(str(error).split(" [while running")[0])
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        return _host_problem(f"the disk is full writing {error.filename or 'the output'}: free some space")
+
+
+def _host_problem(message: str) -> int:
+    logging.getLogger("opsynth").error("%s", message)
+    print(f"opsynth: error: {message}. Finished work is kept; fix that and run the same command again.",
+          file=sys.stderr)
+    return 3
 
 
 def _drop_beam_import_noise(record: logging.LogRecord) -> bool:

@@ -294,7 +294,7 @@ def _sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int,
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb, read_only_fs=cfg.read_only_fs,
         threads=max(1, (os.cpu_count() or 1) // on_host), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=gpu_lock_dir() if device == "cuda" else None,
-        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None,
+        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None, min_free_gb=cfg.min_free_gb,
         env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
 
 

@@ -100,3 +100,25 @@ def test_workers_that_cannot_start_end_the_run_with_one_clear_line(tmp_path, cap
     assert err.strip().splitlines()[-1] == (
         f"opsynth: error: a sandbox worker did not start (it exited before it was ready); see {out}/workers.log. "
         "Finished work is kept; fix that and run the same command again.")
+
+
+def test_a_disk_without_room_to_compile_ends_the_run_with_one_clear_line(tmp_path, capsys):
+    """A stand-in for a full disk: a free-space floor no disk meets. Nothing is validated,
+    nothing is stored as rejected, and the same command resumes once there is room."""
+    from pathlib import Path
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
+    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text())
+    config = tmp_path / "full-disk.yaml"
+    config.write_text("min_free_gb: 1.0e+9\n")
+    out = tmp_path / "audit"
+    code, err = run_cli(capsys, "validate", str(tasks), "--out", str(out), "--workers", "1",
+                        "--cache-dir", str(tmp_path / "cache"), "--config", str(config))
+    assert code == 3
+    assert re.fullmatch(r"opsynth: error: only [0-9.]+ GiB free on the disk of \S+, the workers' scratch folders "
+                        r"\(set TMPDIR to move them\); the sandbox needs 1e\+09 GiB there to compile candidates: "
+                        r"free some space\. Finished work is kept; fix that and run the same command again\.",
+                        err.strip().splitlines()[-1]), err
+    assert not list((tmp_path / "cache" / "verdicts").rglob("*.json"))  # no verdict of the disk's making
