@@ -37,17 +37,17 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PSEUDO_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
 
 
-def isolate_processes(channels: tuple[int, ...] = ()) -> tuple[str, int]:
+def isolate_processes(scratch: str, channels: tuple[int, ...] = ()) -> tuple[str, int]:
     """Fork into a new PID namespace, with a /proc of its own. Returns (how, this worker's
-    PID as the host sees it). The parent stays outside as a shim that lets go of `channels`
-    and exits the way the worker did."""
+    PID as the host sees it). The parent stays outside as a shim that lets go of `channels`,
+    removes `scratch` once the worker is gone and exits the way the worker did."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID) != 0:
         return f"none (unshare failed: {os.strerror(ctypes.get_errno())}); the static check still forbids os", os.getpid()
     host_pid_r, host_pid_w = os.pipe()
     child = os.fork()
     if child:
-        _mirror(child, host_pid_w, channels)
+        _mirror(child, host_pid_w, channels, scratch)
     os.close(host_pid_w)
     host_pid = int.from_bytes(os.read(host_pid_r, 8), "little")
     os.close(host_pid_r)
@@ -65,13 +65,16 @@ def _own_proc(libc) -> str:
     return ""
 
 
-def _mirror(child: int, host_pid_w: int, channels: tuple[int, ...]) -> None:
-    """The shim: hand the worker its host PID, let go of the channels, and end as it ends."""
+def _mirror(child: int, host_pid_w: int, channels: tuple[int, ...], scratch: str) -> None:
+    """The shim: hand the worker its host PID, let go of the channels, clean up after the
+    worker, and end as it ends. The shim outlives a worker that dies mid-warm-up because
+    the run that started it was killed: then nobody else would remove its scratch."""
     os.write(host_pid_w, child.to_bytes(8, "little"))
     os.close(host_pid_w)
     for fd in channels:
         os.close(fd)  # the worker's death must close the result pipe, not wait for the shim
     _, status = os.waitpid(child, 0)
+    shutil.rmtree(scratch, ignore_errors=True)
     if os.WIFSIGNALED(status):
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
@@ -176,9 +179,9 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 def main() -> None:
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-    processes, host_pid = (isolate_processes((job_fd, result_fd)) if options.get("isolate_pids", True)
+    scratch = options["scratch"]  # made by the pool; removed by the pool or the shim when the worker ends
+    processes, host_pid = (isolate_processes(scratch, (job_fd, result_fd)) if options.get("isolate_pids", True)
                            else ("not requested", os.getpid()))
-    scratch = options["scratch"]  # made, and removed when the worker ends, by the pool
     writable = _writable_folders(scratch)
     network = isolate_network() if options.get("isolate_network", True) else "not requested"
     files = confine_filesystem(writable) if options.get("read_only_fs", True) else "not requested"
@@ -223,7 +226,7 @@ def main() -> None:
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
         send(result_fd, result)
-    # The pool closed the channel, or died: what the candidates left goes with the worker.
+    # The pool closed the channel, or died. Without a PID namespace there is no shim to clean up.
     shutil.rmtree(scratch, ignore_errors=True)
 
 

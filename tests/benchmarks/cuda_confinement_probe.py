@@ -11,7 +11,7 @@ import tempfile
 
 STEPS = {
     "none": "",
-    "pidns": "print(worker.isolate_processes())",
+    "pidns": "print(worker.isolate_processes(tempfile.mkdtemp()))",
     "netns": "print(worker.isolate_network())",
     "read_only_fs": "print(worker.confine_filesystem(worker._writable_folders(tempfile.mkdtemp())))",
 }

@@ -1,5 +1,8 @@
 """Hostile tasks: each is caught with a reason, the pool survives, and benign work goes on."""
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +67,34 @@ def test_a_killed_or_closed_worker_leaves_no_scratch_folder(cache_dir):
         assert worker.run({"code": BENIGN, "config": FAST})["passed"]
         closed = worker.scratch
     assert closed != killed and not os.path.exists(closed)
+
+
+def test_a_worker_whose_run_is_killed_mid_warm_up_leaves_no_scratch_folder(cache_dir, tmp_path):
+    """kill -9 of a run while its workers warm up: no one is left to stop them, and each
+    dies when it reports ready to a run that is gone. The shim outside its PID namespace
+    removes its scratch then (a worker without one cleans up when its channel closes)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    start_one = ("from filters.sandbox import SandboxOptions, Worker\n"
+                 f"Worker(SandboxOptions(env=(('TORCHINDUCTOR_CACHE_DIR', {str(cache_dir / 'inductor')!r}),))).start()")
+    run = subprocess.Popen([sys.executable, "-c", start_one], env={**os.environ, "TMPDIR": str(temp)})
+    try:
+        assert _wait_for(lambda: any(temp.iterdir()), 60), "the worker's scratch folder was never made"
+        time.sleep(2)  # into the worker's torch import and warm-up
+        assert run.poll() is None, "the worker was ready before the run could be killed"
+    finally:
+        run.kill()
+        run.wait()
+    assert _wait_for(lambda: not any(temp.iterdir()), 120), list(temp.rglob("*"))[:5]
+
+
+def _wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def test_a_disk_without_room_to_compile_stops_the_pool_before_any_candidate_runs(cache_dir):
