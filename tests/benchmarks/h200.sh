@@ -3,6 +3,7 @@
 #   bash tests/benchmarks/h200.sh crawl [SEEDS]                 # crawl, seed audit, sandbox check
 #   bash tests/benchmarks/h200.sh run CANDIDATES WORKERS BENCH  # end-to-end run, cross-check, pool bench
 #   bash tests/benchmarks/h200.sh bench CANDIDATES              # the pool bench alone
+#   bash tests/benchmarks/h200.sh start STARTS                  # one worker's start, own vs shared compiler cache
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
@@ -27,6 +28,11 @@ fi
 if [ "$STAGE" = bench ]; then
     echo "== worker pool vs fresh process per candidate"
     timeout 420 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "${1:-60}" --workers 7 2>&1 | tail -8
+    exit 0
+fi
+if [ "$STAGE" = start ]; then
+    echo "== a sandbox worker's start: an empty compiler cache each time vs one shared cache"
+    timeout 300 python3 -m tests.benchmarks.bench_worker_start --device cuda --starts "${1:-3}" 2>&1 | tail -8
     exit 0
 fi
 if [ "$STAGE" = runners ]; then
