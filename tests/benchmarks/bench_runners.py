@@ -41,12 +41,13 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "pipeline.cli", "crawl", "--out", tempfile.mktemp(suffix=".parquet")],
-                   check=True, capture_output=True)
-    folder = Path(tempfile.mkdtemp(prefix="opsynth-runners-"))
-    single, s1 = timed_run(folder, "single", args, [])
-    multi, s2 = timed_run(folder, "multi", args, ["--direct_running_mode=multi_processing",
-                                                  f"--direct_num_workers={args.processes}"])
+    with tempfile.TemporaryDirectory(prefix="opsynth-runners-") as name:
+        folder = Path(name)
+        subprocess.run([sys.executable, "-m", "pipeline.cli", "crawl", "--out", str(folder / "catalog.parquet")],
+                       check=True, capture_output=True)
+        single, s1 = timed_run(folder, "single", args, [])
+        multi, s2 = timed_run(folder, "multi", args, ["--direct_running_mode=multi_processing",
+                                                      f"--direct_num_workers={args.processes}"])
     print(f"{args.candidates} candidates on {args.device}: one process {single:.1f} s ({s1['accepted']} accepted), "
           f"{args.processes} processes {multi:.1f} s ({s2['accepted']} accepted), speed-up {single / multi:.2f}x")
     for name, stats in (("one process", s1), (f"{args.processes} processes", s2)):

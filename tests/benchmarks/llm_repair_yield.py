@@ -41,9 +41,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--candidates", type=int, default=40)
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="opsynth-repair-"))
-    for rounds in (0, 1):
-        s = run(rounds, args.samples, args.candidates, folder)
+    with tempfile.TemporaryDirectory(prefix="opsynth-repair-") as folder:
+        summaries = [run(rounds, args.samples, args.candidates, Path(folder)) for rounds in (0, 1)]
+    for rounds, s in enumerate(summaries):
         llm = s["llm"]
         print(f"repair_rounds={rounds}: composed {s['composed']}, accepted {s['accepted']} "
               f"({s['accepted'] / s['composed']:.0%}), after repair {llm['accepted_after_repair']}, "
