@@ -27,10 +27,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except HostProblem as error:  # the host, not a candidate: nothing can be validated
         return _host_problem(str(error).split(" [while running")[0])
-    except OSError as error:
-        if error.errno != errno.ENOSPC:
+    except (OSError, RuntimeError) as error:  # Beam re-raises a transform's OSError as a RuntimeError
+        if not _no_space_left(error):
             raise
-        return _host_problem(f"the disk is full writing {error.filename or 'the output'}: free some space")
+        return _host_problem(f"no space left on the disk of --out or --cache-dir ({_no_space_left(error)}): "
+                             "free some space there")
+
+
+def _no_space_left(error: BaseException | None) -> str:
+    """The OSError's text if `error` is, or was raised from, a full disk; else ''."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return str(error)
+        error = error.__cause__ or error.__context__
+    return ""
 
 
 def _host_problem(message: str) -> int:

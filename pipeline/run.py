@@ -162,7 +162,8 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     check_config = _check_config(cfg, device, sandbox)
     with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
         accepted, failed = (pipeline | "Tasks" >> beam.Create(candidates)
-                            | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None))
+                            | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
+                                                               verdicts_dir(cfg.cache_dir)))
         (accepted, failed) | "AllRecords" >> beam.Flatten() | "Write" >> WriteRecords(str(path))
     records = _read_jsonl(path)
     stop = f"validated all {len(candidates)} tasks of {tasks}"
@@ -321,7 +322,7 @@ def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, work
             cfg.composer, catalog, cfg.op_count_mix, cfg.seed, llm, str(cache_dir), batch, cfg.library_mix))
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
-                                                                      str(cache_dir / "verdicts"))
+                                                                      verdicts_dir(cache_dir))
         similar = pipeline | "NoReference" >> beam.Create([])
         if reference:
             accepted, similar = accepted | "Decontaminate" >> Decontaminate(reference.fingerprints,
@@ -357,6 +358,11 @@ def drop_near_duplicates(records: list, threshold: float) -> list:
 def _beam_args(args: list[str]) -> list[str]:
     """The user's Beam options, with the embedded DirectRunner unless they chose a runner."""
     return list(args) if any(a.startswith("--runner") for a in args) else ["--runner=DirectRunner", *args]
+
+
+def verdicts_dir(cache_dir: str | Path) -> str:
+    """The verdict store: a killed `opsynth run` or `opsynth validate` redoes no finished validation."""
+    return str(Path(cache_dir) / "verdicts")
 
 
 def _staging_dir(out_dir: Path, fingerprint: str) -> Path:

@@ -122,3 +122,30 @@ def test_a_disk_without_room_to_compile_ends_the_run_with_one_clear_line(tmp_pat
                         r"free some space\. Finished work is kept; fix that and run the same command again\.",
                         err.strip().splitlines()[-1]), err
     assert not list((tmp_path / "cache" / "verdicts").rglob("*.json"))  # no verdict of the disk's making
+
+
+def test_a_full_output_disk_ends_the_run_with_one_clear_line_and_keeps_the_verdicts(tmp_path):
+    """A real full disk: --out on a 12 KiB tmpfs, mounted in a mount namespace of the test's
+    own. Beam re-raises the write's OSError as a RuntimeError; the cause is still found."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    tasks, tiny = tmp_path / "tasks", tmp_path / "tiny"
+    tasks.mkdir()
+    tiny.mkdir()
+    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
+    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text())
+    script = (f"mount -t tmpfs -o size=12k tmpfs {tiny} && echo MOUNTED && exec {sys.executable} -m pipeline.cli "
+              f"validate {tasks} --out {tiny}/out --workers 1 --cache-dir {tmp_path}/cache")
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    if "MOUNTED" not in done.stdout:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert re.fullmatch(r"opsynth: error: no space left on the disk of --out or --cache-dir \(.*No space left on "
+                        r"device\): free some space there\. Finished work is kept; fix that and run the same "
+                        r"command again\.", done.stderr.strip().splitlines()[-1]), done.stderr[-2000:]
+    assert list((tmp_path / "cache" / "verdicts").rglob("*.json"))  # the same command resumes without redoing it
