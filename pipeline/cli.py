@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     except HostProblem as error:  # the host, not a candidate: nothing can be validated
         return _host_problem(str(error).split(" [while running")[0])
     except (OSError, RuntimeError) as error:  # Beam re-raises a transform's OSError as a RuntimeError
-        if not _no_space_left(error):
+        full = _no_space_left(error)
+        if not full:
             raise
-        return _host_problem(f"no space left on the disk of --out or --cache-dir ({_no_space_left(error)}): "
-                             "free some space there")
+        return _host_problem(f"no space left on the disk of --out or --cache-dir ({full}): free some space there")
 
 
 def _no_space_left(error: BaseException | None) -> str:
