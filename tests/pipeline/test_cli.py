@@ -1,10 +1,24 @@
 """Usage errors: one clear line naming the problem, exit code 2, no traceback."""
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.cli import main
+
+SCALED_TANH = Path(__file__).parents[1] / "fixtures" / "reference" / "level1" / "1_scaled_tanh.py"
+
+
+def task_folder(tmp_path, files: dict[str, str]) -> Path:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name, code in files.items():
+        (tasks / name).write_text(code)
+    return tasks
 
 
 def run_cli(capsys, *argv):
@@ -51,16 +65,11 @@ def test_unknown_library_for_crawl(capsys, tmp_path):
 
 
 def test_validate_reaudits_a_folder_and_records_each_source(tmp_path, capsys):
-    from pathlib import Path
-
     import pyarrow.parquet as pq
 
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
-    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text().replace("rows = 512", "rows = 4096"))
-    (tasks / "hostile.py").write_text("import os\nos.system('touch /tmp/pwned')\n")
-    (tasks / "broken.py").write_text("def (:\n")
+    tasks = task_folder(tmp_path, {"good.py": SCALED_TANH.read_text().replace("rows = 512", "rows = 4096"),
+                                   "hostile.py": "import os\nos.system('touch /tmp/pwned')\n",
+                                   "broken.py": "def (:\n"})
     out = tmp_path / "audit"
     assert main(["validate", str(tasks), "--out", str(out), "--workers", "1", "--cache-dir", str(tmp_path)]) == 0
     rows = {r["source"]: r for r in pq.read_table(out / "rejects").to_pylist()}
@@ -86,12 +95,7 @@ def test_crawl_reports_counts_per_library_and_kind_and_a_second_crawl_is_cached(
 def test_workers_that_cannot_start_end_the_run_with_one_clear_line(tmp_path, capsys, monkeypatch):
     """A host where the sandbox worker cannot start (a stand-in: its interpreter exits at
     once) stops the run with exit 3 and says where to look, instead of a Beam traceback."""
-    from pathlib import Path
-
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
-    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text())
+    tasks = task_folder(tmp_path, {"good.py": SCALED_TANH.read_text()})
     monkeypatch.setattr("filters.sandbox.sys.executable", "/bin/false")
     out = tmp_path / "audit"
     code, err = run_cli(capsys, "validate", str(tasks), "--out", str(out), "--workers", "1",
@@ -105,12 +109,7 @@ def test_workers_that_cannot_start_end_the_run_with_one_clear_line(tmp_path, cap
 def test_a_disk_without_room_to_compile_ends_the_run_with_one_clear_line(tmp_path, capsys):
     """A stand-in for a full disk: a free-space floor no disk meets. Nothing is validated,
     nothing is stored as rejected, and the same command resumes once there is room."""
-    from pathlib import Path
-
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
-    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text())
+    tasks = task_folder(tmp_path, {"good.py": SCALED_TANH.read_text()})
     config = tmp_path / "full-disk.yaml"
     config.write_text("min_free_gb: 1.0e+9\n")
     out = tmp_path / "audit"
@@ -127,18 +126,10 @@ def test_a_disk_without_room_to_compile_ends_the_run_with_one_clear_line(tmp_pat
 def test_a_full_output_disk_ends_the_run_with_one_clear_line_and_keeps_the_verdicts(tmp_path):
     """A real full disk: --out on a 12 KiB tmpfs, mounted in a mount namespace of the test's
     own. Beam re-raises the write's OSError as a RuntimeError; the cause is still found."""
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
     if shutil.which("unshare") is None:
         pytest.skip("no unshare(1) here")
-    tasks, tiny = tmp_path / "tasks", tmp_path / "tiny"
-    tasks.mkdir()
+    tasks, tiny = task_folder(tmp_path, {"good.py": SCALED_TANH.read_text()}), tmp_path / "tiny"
     tiny.mkdir()
-    fixtures = Path(__file__).parents[1] / "fixtures" / "reference" / "level1"
-    (tasks / "good.py").write_text((fixtures / "1_scaled_tanh.py").read_text())
     script = (f"mount -t tmpfs -o size=12k tmpfs {tiny} && echo MOUNTED && exec {sys.executable} -m pipeline.cli "
               f"validate {tasks} --out {tiny}/out --workers 1 --cache-dir {tmp_path}/cache")
     done = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=300)
