@@ -45,35 +45,43 @@ def main() -> None:
         # Each side starts from its own empty compiler cache: neither reuses the other's kernels.
         pool_cache, naive_cache, locks = (os.path.join(folder, name) for name in ("pool", "naive", "locks"))
         config = {"device": args.device, "memory_budget_gb": gpu_memory_gb / 3 if gpu_memory_gb else None}
-
         options = SandboxOptions(device=args.device, threads=threads, env=(("TORCHINDUCTOR_CACHE_DIR", pool_cache),),
                                  memory_guard="rss", gpu_memory_gb=gpu_memory_gb, timing_lock_dir=locks if cuda else None)
-        with WorkerPool(args.workers, options) as pool:
-            began = time.perf_counter()
-            # every worker warms up as it starts; one job each makes them all start now, in parallel
-            warm = [pool.submit({"code": WARM_UP_TASK, "config": {**config, "window_ms": [0.0, 1e9]}})
-                    for _ in pool.workers]
-            assert all(f.result()["passed"] for f in warm), [f.result() for f in warm]
-            start_s = time.perf_counter() - began
-            began = time.perf_counter()
-            pooled = pool.run_many([{"code": code, "config": config} for code in codes])
-            pool_s = time.perf_counter() - began
-
+        start_s, pool_s, pooled = time_pool(codes, config, args.workers, options)
         # The naive side times through the same gate (a lock file in the same folder).
         naive_config = {**config, "timing_lock": os.path.join(locks, "gpu0.lock") if cuda else None}
         env = {**os.environ, **WORKER_ENV, "TORCHINDUCTOR_CACHE_DIR": naive_cache}
-
-        def fresh_process(code: str) -> dict:
-            job = json.dumps({"code": code, "config": naive_config, "threads": threads, "gpu_memory_gb": gpu_memory_gb})
-            done = subprocess.run([sys.executable, "-m", "tests.benchmarks.naive_validator"], input=job,
-                                  capture_output=True, text=True, env=env, timeout=900)
-            return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"reason": "crashed"}
-
-        began = time.perf_counter()
-        with ThreadPoolExecutor(args.workers) as executor:
-            naive = list(executor.map(fresh_process, codes))
-        naive_s = time.perf_counter() - began
+        jobs = [{"code": code, "config": naive_config, "threads": threads, "gpu_memory_gb": gpu_memory_gb}
+                for code in codes]
+        naive_s, naive = time_fresh_processes(jobs, args.workers, env)
     report(args, codes, threads, start_s, pool_s, naive_s, pooled, naive)
+
+
+def time_pool(codes: list[str], config: dict, workers: int, options: SandboxOptions) -> tuple[float, float, list]:
+    """(seconds for every worker to start, seconds for the candidates, their results)"""
+    with WorkerPool(workers, options) as pool:
+        began = time.perf_counter()
+        # every worker warms up as it starts; one job each makes them all start now, in parallel
+        warm = [pool.submit({"code": WARM_UP_TASK, "config": {**config, "window_ms": [0.0, 1e9]}})
+                for _ in pool.workers]
+        assert all(f.result()["passed"] for f in warm), [f.result() for f in warm]
+        start_s = time.perf_counter() - began
+        began = time.perf_counter()
+        pooled = pool.run_many([{"code": code, "config": config} for code in codes])
+        return start_s, time.perf_counter() - began, pooled
+
+
+def time_fresh_processes(jobs: list[dict], workers: int, env: dict) -> tuple[float, list]:
+    """(seconds, results): each job in a fresh Python process, `workers` at a time."""
+    def fresh_process(job: dict) -> dict:
+        done = subprocess.run([sys.executable, "-m", "tests.benchmarks.naive_validator"], input=json.dumps(job),
+                              capture_output=True, text=True, env=env, timeout=900)
+        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"reason": "crashed"}
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(workers) as executor:
+        results = list(executor.map(fresh_process, jobs))
+    return time.perf_counter() - began, results
 
 
 def default_composer() -> TemplateComposer:
