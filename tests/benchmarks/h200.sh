@@ -25,9 +25,12 @@ if [ "$STAGE" = audit ]; then
     python3 -m tests.benchmarks.seed_audit --sample "${1:-200}" --device cuda --out /tmp/audit 2>&1 | tail -30
     exit 0
 fi
-if [ "$STAGE" = bench ]; then
+pool_bench() {  # CANDIDATES TIMEOUT_S
     echo "== worker pool vs fresh process per candidate"
-    timeout 420 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "${1:-60}" --workers 7 2>&1 | tail -8
+    timeout "$2" python3 -m tests.benchmarks.bench_validate --device cuda --candidates "$1" --workers 7 2>&1 | tail -8
+}
+if [ "$STAGE" = bench ]; then
+    pool_bench "${1:-60}" 420
     exit 0
 fi
 if [ "$STAGE" = start ]; then
@@ -82,5 +85,4 @@ PY
 echo "== cross-check against torch.profiler"
 timeout 120 python3 -m tests.benchmarks.gpu_crosscheck "$RUN" --tasks 20 2>&1 | tail -24
 [ "$BENCH" -gt 0 ] || exit 0
-echo "== worker pool vs fresh process per candidate"
-timeout 300 python3 -m tests.benchmarks.bench_validate --device cuda --candidates "$BENCH" --workers 7 2>&1 | tail -8
+pool_bench "$BENCH" 300
