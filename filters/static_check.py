@@ -1,5 +1,22 @@
 """The static check: decide from the source alone, before any candidate code runs.
 
+An allowlist of what a task may reach, not a list of names it may not write:
+- imports: torch and its op namespaces (nn, nn.functional, nn.init, fft, linalg, special),
+  a few pure stdlib modules, and the run's own op libraries; every alias and from-import is
+  resolved, so `import torch as T; T.hub` is `torch.hub`;
+- every attribute chain rooted at an import is resolved against the real module: it may pass
+  only through allowed namespaces and end at a public object that is not a module (module
+  objects are never values), not a denied call, and not something that leaves the run's
+  libraries (`dataclasses.builtins`, `torch.os`);
+- builtins: a safe set; the rest (getattr, eval, open, type, vars, ...) may be neither used nor
+  shadowed, and no name an import binds may be bound again;
+- no dunder attribute, name or string ("__globals__" is a string too), no dunder method but
+  `__init__`, no frame or code object attribute, no metaclass, no global state, no async;
+- no attribute write rooted at a module, and none that replaces a tensor's or an
+  nn.Module's own method (`self.t.float = ...`, `self.named_parameters = ...`);
+- no stochastic op outside `__init__`, `reset_parameters`, `get_inputs` and
+  `get_init_inputs` (helpers called from forward included).
+
 Returns None for a task that may go to the sandbox, or (reason, detail) for one that may
 not. Reason codes: syntax_error, bad_interface, forbidden_import, forbidden_call,
 stochastic_op.
@@ -7,41 +24,92 @@ stochastic_op.
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
+import re
+import types
+from functools import lru_cache
 
-ALLOWED_IMPORTS = {"torch", "math", "typing", "numbers", "functools", "itertools", "collections",
-                   "dataclasses", "enum", "operator"}
-FORBIDDEN_NAMES = {"os", "sys", "subprocess", "socket", "shutil", "pathlib", "io", "ctypes", "importlib",
-                   "builtins", "open", "eval", "exec", "compile", "__import__", "globals", "locals", "vars",
-                   "getattr", "setattr", "delattr", "breakpoint", "input", "exit", "quit", "memoryview"}
-FORBIDDEN_TORCH_ATTRS = {"hub", "save", "load", "ops", "classes", "library", "utils", "cuda", "backends",
-                         "multiprocessing", "distributed", "compiler", "set_default_device", "set_default_dtype",
-                         "manual_seed", "seed", "use_deterministic_algorithms", "set_num_threads"}
-TORCH_ALIASES = {"torch", "nn", "F"}
-# Methods on any object that write files or leave torch for a library with file access.
-FORBIDDEN_METHODS = {"tofile", "numpy", "dump", "dumps", "from_file", "save", "load", "system", "popen",
-                     "share_memory_", "_new_shared_filename"}
-ALLOWED_DUNDERS = {"__init__"}
-STOCHASTIC_CALLS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
-                    "multinomial", "randperm", "normal", "normal_", "uniform_", "exponential_", "geometric_",
-                    "cauchy_", "log_normal_", "poisson", "dropout", "dropout1d", "dropout2d", "dropout3d",
-                    "alpha_dropout", "feature_alpha_dropout", "rrelu", "gumbel_softmax"}
+import torch
+
+TORCH_NAMESPACES = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.fft",
+                              "torch.linalg", "torch.special", "torch.masked", "torch.nn.utils", "torch.nn.utils.parametrize",
+                              "torch.nn.utils.parametrizations"})
+STDLIB_MODULES = frozenset({"math", "typing", "numbers", "functools", "itertools", "collections",
+                            "collections.abc", "dataclasses", "enum", "operator"})
+FUTURE_FEATURES = frozenset({"annotations"})
+# Reachable through an allowed namespace, and still denied: files, processes, global state,
+# code from strings, dynamic attribute access.
+DENIED = frozenset({
+    "torch.load", "torch.save", "torch.from_file", "torch.compile", "torch.manual_seed", "torch.seed",
+    "torch.initial_seed", "torch.set_rng_state", "torch.get_rng_state", "torch.use_deterministic_algorithms",
+    "torch.set_default_device", "torch.set_default_dtype", "torch.set_default_tensor_type", "torch.set_num_threads",
+    "torch.set_num_interop_threads", "torch.set_flush_denormal", "torch.set_warn_always", "torch.set_printoptions",
+    "torch.set_float32_matmul_precision", "torch.set_deterministic_debug_mode", "torch.set_anomaly_enabled",
+    "torch.fork_rng", "torch.typename", "torch.register_module_forward_hook", "torch.nn.utils.stateless",
+    "operator.attrgetter", "operator.methodcaller", "dataclasses.make_dataclass", "typing.get_type_hints",
+    "typing.ForwardRef", "typing.evaluate_forward_ref", "functools.singledispatch", "functools.singledispatchmethod",
+})
+# Attribute names denied on any object: files, shared memory, leaving torch, frames and code.
+DENIED_ATTRIBUTES = frozenset({
+    "tofile", "numpy", "dump", "dumps", "from_file", "save", "load", "system", "popen", "share_memory_",
+    "share_memory", "mro", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "ag_frame", "ag_code",
+    "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "tb_next", "co_code", "co_consts",
+    "func_globals", "register_module_forward_hook", "register_module_forward_pre_hook",
+    "register_module_full_backward_hook", "register_module_buffer_registration_hook",
+    "register_module_parameter_registration_hook", "register_module_module_registration_hook",
+    "with_traceback", "format_map",
+})
+SAFE_BUILTINS = frozenset({
+    "abs", "all", "any", "bool", "callable", "chr", "complex", "dict", "divmod", "enumerate", "filter", "float",
+    "frozenset", "hasattr", "hash", "input", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max",
+    "min", "next", "object", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set", "slice",
+    "sorted", "staticmethod", "classmethod", "str", "sum", "super", "tuple", "zip", "NotImplemented", "Ellipsis",
+    "True", "False", "None", "Exception", "ValueError", "TypeError", "RuntimeError", "NotImplementedError",
+    "AssertionError", "KeyError", "IndexError", "AttributeError", "ZeroDivisionError", "ArithmeticError",
+    "StopIteration", "bytes", "id", "format", "UserWarning", "Warning",
+})
+DANGEROUS_BUILTINS = frozenset(name for name in dir(builtins) if name not in SAFE_BUILTINS)
+ALLOWED_DUNDERS = frozenset({"__init__"})
+# Reachable only through a denied namespace, and harmless: what transformers layers ask.
+ALLOWED_OBJECTS = frozenset({"torch.jit.is_tracing", "torch.jit.is_scripting", "torch.compiler.is_compiling",
+                             "torch.compiler.is_dynamo_compiling"})
+# What the task's own code may set on a tensor or module it holds (everything else a tensor
+# or nn.Module has is a method the checks call).
+SETTABLE = frozenset({"data", "requires_grad", "training", "grad"})
+MODULE_OVERRIDABLE = frozenset({"__init__", "forward", "extra_repr", "reset_parameters", "training"})
+STOCHASTIC_CALLS = frozenset({
+    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_", "multinomial",
+    "randperm", "normal", "normal_", "uniform_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_",
+    "poisson", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
+    "rrelu_", "gumbel_softmax", "dropout_", "alpha_dropout_", "feature_alpha_dropout_"})
+RANDOM_ALLOWED_IN = frozenset({"__init__", "reset_parameters", "_reset_parameters", "get_inputs", "get_init_inputs"})
 INTERFACE = {"Model": ast.ClassDef, "get_inputs": ast.FunctionDef, "get_init_inputs": ast.FunctionDef}
+DUNDER = re.compile(r"__\w+__")
+_MODULE_ATTRIBUTES = frozenset(dir(torch.nn.Module))
+_TENSOR_AND_MODULE_ATTRIBUTES = frozenset(dir(torch.Tensor)) | _MODULE_ATTRIBUTES
 
 
-def static_check(code: str, extra_imports: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+class Rejected(Exception):
+    def __init__(self, reason: str, node: ast.AST | None, detail: str):
+        line = f"line {node.lineno}: " if node is not None and hasattr(node, "lineno") else ""
+        super().__init__(line + detail)
+        self.reason = reason
+
+
+def static_check(code: str, libraries: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+    """None, or (reason, detail). `libraries` are the run's added op libraries (root module
+    names such as `kornia`): tasks built from them import them."""
     try:
         tree = ast.parse(code)
     except SyntaxError as error:
         return "syntax_error", f"line {error.lineno}: {error.msg}"
-    return (_interface(tree) or _imports(tree, ALLOWED_IMPORTS | set(extra_imports))
-            or _forbidden(tree) or _stochastic_forward(tree))
+    return _interface(tree) or _check(tree, frozenset(libraries))
 
 
 def screen_definitions(code: str) -> tuple[str, str] | None:
-    """The static check for library code a crawl inlines into seeds (no task interface yet):
-    the same import allowlist, forbidden routes and stochastic-forward rule."""
-    tree = ast.parse(code)
-    return _imports(tree, ALLOWED_IMPORTS) or _forbidden(tree) or _stochastic_forward(tree)
+    """The static check for library code a crawl inlines into seeds (no task interface yet)."""
+    return _check(ast.parse(code), frozenset())
 
 
 def _interface(tree: ast.Module):
@@ -52,77 +120,238 @@ def _interface(tree: ast.Module):
     return None
 
 
-def _imports(tree: ast.Module, allowed: set[str]):
-    for node in ast.walk(tree):
-        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-        for name in names:
-            if name.split(".")[0] not in allowed or (isinstance(node, ast.ImportFrom) and node.level):
-                return "forbidden_import", f"line {node.lineno}: import of {name!r} (allowed: {', '.join(sorted(allowed))})"
+def _check(tree: ast.Module, libraries: frozenset[str]):
+    try:
+        _Policy(tree, libraries).check()
+    except Rejected as rejected:
+        return rejected.reason, str(rejected)
     return None
 
 
-def _forbidden(tree: ast.Module):
-    local = _local_references(tree)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES and id(node) not in local:
-            return "forbidden_call", f"line {node.lineno}: use of {node.id!r}"
-        if isinstance(node, (ast.Name, ast.Attribute)):
-            name = node.id if isinstance(node, ast.Name) else node.attr
-            if name.startswith("__") and name not in ALLOWED_DUNDERS:
-                return "forbidden_call", f"line {node.lineno}: dunder access {name!r}"
-        if isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_METHODS:
-            return "forbidden_call", f"line {node.lineno}: .{node.attr} reaches the file system or leaves torch"
-        if isinstance(node, ast.Attribute) and _torch_root(node) and (
-                node.attr in FORBIDDEN_TORCH_ATTRS or node.attr.startswith("_")):
-            return "forbidden_call", f"line {node.lineno}: torch API {_dotted(node)!r} reaches outside the task"
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Attribute) and _torch_root(target):
-                    return "forbidden_call", f"line {node.lineno}: assignment to {_dotted(target)!r}"
+class _Policy:
+    def __init__(self, tree: ast.Module, libraries: frozenset[str]):
+        self.tree, self.libraries = tree, libraries
+        self.modules: dict[str, str] = {}  # a name an import binds to a module -> the module's dotted name
+        self.objects: dict[str, str] = {}  # a name a from-import binds to an object -> its dotted name
+        self.classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+        self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def check(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self._import(node)
+        for node in ast.walk(self.tree):
+            self._node(node)
+
+    # -- imports ------------------------------------------------------------------------
+
+    def _import(self, node) -> None:
+        if isinstance(node, ast.ImportFrom):
+            if node.level or not node.module:
+                raise Rejected("forbidden_import", node, "relative import")
+            if node.module == "__future__":
+                if any(alias.name not in FUTURE_FEATURES for alias in node.names):
+                    raise Rejected("forbidden_import", node, "only `from __future__ import annotations` is allowed")
+                return
+            self._allowed_module(node.module, node)
+            for alias in node.names:
+                if alias.name == "*":
+                    raise Rejected("forbidden_import", node, f"`from {node.module} import *`")
+                dotted = f"{node.module}.{alias.name}"
+                found = _resolve(dotted)
+                if isinstance(found, types.ModuleType):
+                    self._allowed_module(found.__name__, node)
+                    self.modules[alias.asname or alias.name] = found.__name__
+                else:
+                    self._allowed_object(dotted, found, node)
+                    self.objects[alias.asname or alias.name] = dotted
+            return
+        for alias in node.names:
+            self._allowed_module(alias.name, node)
+            if alias.asname:
+                self.modules[alias.asname] = alias.name
+            else:
+                root = alias.name.split(".")[0]
+                self.modules[root] = root
+
+    def _allowed_module(self, name: str, node, reached: bool = False) -> None:
+        root = name.split(".")[0]
+        if name in TORCH_NAMESPACES or name in STDLIB_MODULES or root in self.libraries:
+            return
+        if reached:
+            raise Rejected("forbidden_call", node, f"the module {name!r} is outside the allowed namespaces")
+        allowed = sorted(TORCH_NAMESPACES | STDLIB_MODULES | self.libraries)
+        raise Rejected("forbidden_import", node, f"import of {name!r} (allowed: {', '.join(allowed)})")
+
+    def _allowed_object(self, dotted: str, found, node) -> None:
+        leaf = dotted.rsplit(".", 1)[-1]
+        if dotted in DENIED or leaf in DENIED_ATTRIBUTES:
+            raise Rejected("forbidden_call", node, f"{dotted!r} reaches outside the task")
+        if leaf.startswith("_"):
+            raise Rejected("forbidden_call", node, f"{dotted!r} is private")
+        if any(found is getattr(builtins, name, None) for name in DANGEROUS_BUILTINS):
+            raise Rejected("forbidden_call", node, f"{dotted!r} is the builtin {found.__name__!r}")
+        home = getattr(found, "__module__", None) if callable(found) else None
+        if isinstance(home, str) and home.split(".")[0].lstrip("_") not in self._roots() and home != "builtins":
+            raise Rejected("forbidden_call", node, f"{dotted!r} comes from {home!r}, outside the allowed libraries")
+
+    def _roots(self) -> set[str]:
+        return {"torch", *(m.split(".")[0] for m in STDLIB_MODULES), *self.libraries}
+
+    # -- every node ---------------------------------------------------------------------
+
+    def _node(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.AsyncFunctionDef, ast.AsyncFor, ast.AsyncWith, ast.Await)):
+            raise Rejected("forbidden_call", node, "async code")
         if isinstance(node, (ast.Global, ast.Nonlocal)):
-            return "forbidden_call", f"line {node.lineno}: global state"
-    return None
+            raise Rejected("forbidden_call", node, "global state")
+        if isinstance(node, ast.Match):
+            raise Rejected("forbidden_call", node, "match statements")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            named = set(DUNDER.findall(node.value)) - ALLOWED_DUNDERS
+            if named:
+                raise Rejected("forbidden_call", node, f"dunder name in a string ({sorted(named)[0]})")
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            self._definition(node)
+        elif isinstance(node, ast.Name):
+            self._name(node)
+        elif isinstance(node, ast.arg):
+            self._binds(node.arg, node)
+        elif isinstance(node, ast.alias) and node.asname:
+            pass  # bound by the import itself
+        elif isinstance(node, ast.Attribute):
+            self._attribute(node)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            for target in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
+                self._store(target)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            self._binds(node.name, node)
+        elif isinstance(node, ast.Call):
+            self._stochastic(node)
+
+    def _definition(self, node) -> None:
+        if node.name.startswith("__") and node.name not in ALLOWED_DUNDERS:
+            raise Rejected("forbidden_call", node, f"defines dunder method {node.name!r}")
+        self._binds(node.name, node)
+        if isinstance(node, ast.ClassDef):
+            if node.keywords:
+                raise Rejected("forbidden_call", node, "class keywords (a metaclass)")
+            for item in node.body:
+                names = ([item.name] if isinstance(item, ast.FunctionDef) else
+                         [t.id for t in item.targets if isinstance(t, ast.Name)] if isinstance(item, ast.Assign) else [])
+                for name in names:
+                    if name in _MODULE_ATTRIBUTES and name not in MODULE_OVERRIDABLE:
+                        raise Rejected("forbidden_call", item, f"overrides nn.Module.{name}, which the checks call")
+
+    def _binds(self, name: str, node) -> None:
+        if name in DANGEROUS_BUILTINS:
+            raise Rejected("forbidden_call", node, f"shadows the builtin {name!r}")
+        if name in self.modules or name in self.objects:
+            raise Rejected("forbidden_call", node, f"rebinds {name!r}, which an import bound")
+
+    def _name(self, node: ast.Name) -> None:
+        if DUNDER.fullmatch(node.id):
+            raise Rejected("forbidden_call", node, f"use of {node.id!r}")
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            self._binds(node.id, node)
+            return
+        if node.id in DANGEROUS_BUILTINS:
+            raise Rejected("forbidden_call", node, f"use of {node.id!r}")
+        if node.id in self.modules and not isinstance(self.parents.get(node), ast.Attribute):
+            raise Rejected("forbidden_call", node, f"the module {self.modules[node.id]!r} used as a value")
+
+    def _attribute(self, node: ast.Attribute) -> None:
+        attr = node.attr
+        if attr.startswith("__") and attr not in ALLOWED_DUNDERS:
+            raise Rejected("forbidden_call", node, f"dunder access {attr!r}")
+        if attr in DENIED_ATTRIBUTES:
+            raise Rejected("forbidden_call", node, f".{attr} reaches the file system, the interpreter or leaves torch")
+        root, dotted = _chain(node)
+        if root in self.modules:
+            if isinstance(self.parents.get(node), ast.Attribute):
+                return  # checked whole, at the end of the chain
+            self._module_chain(self.modules[root] + dotted[len(root):], node)
+        elif attr.startswith("_") and attr not in ALLOWED_DUNDERS and root not in ("self", "cls", *self.classes):
+            raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
+
+    def _module_chain(self, dotted: str, node) -> None:
+        """`torch.nn.functional.relu`: every module on the way allowed, the end not a module."""
+        if dotted in ALLOWED_OBJECTS:
+            return
+        parts = dotted.split(".")
+        for end in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:end])
+            found = _resolve(prefix)
+            if isinstance(found, types.ModuleType):
+                self._allowed_module(found.__name__, node, reached=True)  # `torch.os` is the module `os`
+                if end == len(parts):
+                    raise Rejected("forbidden_call", node, f"the module {prefix!r} used as a value")
+                continue
+            self._allowed_object(prefix, found, node)
+            return  # past a class or function: its attributes are checked by name
+
+    def _store(self, target: ast.AST) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                self._store(element)
+            return
+        if not isinstance(target, (ast.Attribute, ast.Subscript)):
+            return
+        root, dotted = _chain(target.value if isinstance(target, ast.Subscript) else target)
+        if root in self.modules or root in self.objects:
+            raise Rejected("forbidden_call", target, f"assignment into {dotted!r}, which an import bound")
+        if not isinstance(target, ast.Attribute) or target.attr in SETTABLE:
+            return
+        on_self = isinstance(target.value, ast.Name) and target.value.id == "self"
+        if target.attr in (_MODULE_ATTRIBUTES if on_self else _TENSOR_AND_MODULE_ATTRIBUTES):
+            raise Rejected("forbidden_call", target, f"assignment to .{target.attr}, a method the checks call")
+
+    def _stochastic(self, node: ast.Call) -> None:
+        func = node.func
+        name = (self.objects.get(func.id, func.id) if isinstance(func, ast.Name)
+                else func.attr if isinstance(func, ast.Attribute) else "")
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in STOCHASTIC_CALLS and self._enclosing_function(node) not in RANDOM_ALLOWED_IN:
+            raise Rejected("stochastic_op", node, f"{leaf} outside __init__ and get_inputs makes the output random")
+
+    def _enclosing_function(self, node) -> str | None:
+        while node in self.parents:
+            node = self.parents[node]
+            if isinstance(node, (ast.FunctionDef, ast.Lambda)):
+                return getattr(node, "name", "<lambda>")
+        return None
 
 
-def _local_references(tree: ast.Module) -> set[int]:
-    """Names that refer to a parameter or local variable of their function (`def f(input)`
-    reads `input`, not the builtin): the ids of those Name nodes."""
-    local = set()
-    for fn in ast.walk(tree):
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        args = fn.args
-        bound = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
-        body = fn.body if isinstance(fn.body, list) else [fn.body]
-        names = [n for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)]
-        bound |= {n.id for n in names if isinstance(n.ctx, ast.Store)}
-        local |= {id(n) for n in names if n.id in bound}
-    return local
-
-
-def _stochastic_forward(tree: ast.Module):
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"):
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Call):
-                    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                    if name in STOCHASTIC_CALLS:
-                        return "stochastic_op", f"line {node.lineno}: {name} in forward makes the output random"
-    return None
-
-
-def _torch_root(node: ast.Attribute) -> bool:
-    while isinstance(node, ast.Attribute):
-        node = node.value
-    return isinstance(node, ast.Name) and node.id in TORCH_ALIASES
-
-
-def _dotted(node: ast.AST) -> str:
+def _chain(node: ast.AST) -> tuple[str, str]:
+    """(root name, dotted text) of `a.b.c`; the root is '' when it is not a plain name."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-    parts.append(getattr(node, "id", "?"))
-    return ".".join(reversed(parts))
+    root = node.id if isinstance(node, ast.Name) else ""
+    return root, ".".join([root or "?", *reversed(parts)])
+
+
+_MISSING = object()
+
+
+@lru_cache(maxsize=4096)
+def _resolve(dotted: str):
+    """The object `dotted` names, walking attributes from its root module (a submodule not
+    yet imported is imported); _MISSING if there is none."""
+    parts = dotted.split(".")
+    try:
+        found = importlib.import_module(parts[0])
+    except Exception:  # not installed, or fails to import: nothing to resolve against
+        return _MISSING
+    for end, part in enumerate(parts[1:], start=2):
+        step = getattr(found, part, _MISSING)
+        if step is _MISSING and isinstance(found, types.ModuleType):
+            try:
+                step = importlib.import_module(".".join(parts[:end]))
+            except Exception:
+                return _MISSING
+        if step is _MISSING:
+            return _MISSING
+        found = step
+    return found

@@ -32,13 +32,12 @@ def test_each_static_reason(code, reason):
     assert rejected is not None and rejected[0] == reason, rejected
 
 
-def test_a_parameter_named_like_a_builtin_is_a_variable_not_the_builtin():
-    helper = "def scaled(input, open):\n    return input * open\n"
+def test_a_parameter_may_be_named_like_a_harmless_builtin_but_never_like_a_dangerous_one():
+    helper = "def scaled(input, max):\n    return input * max\n"
     assert static_check(make_task("return scaled(x, 2.0)", header=helper)) is None
-    # ...but only inside the function that binds it
-    leaky = "def scaled(input):\n    return input\n"
-    rejected = static_check(make_task("return input(x)", header=leaky))
-    assert rejected is not None and rejected[0] == "forbidden_call"
+    shadowing = "def scaled(input, open):\n    return input * open\n"
+    assert static_check(make_task("return scaled(x, 2.0)", header=shadowing)) == (
+        "forbidden_call", "line 3: shadows the builtin 'open'")
 
 
 def test_dropout_module_in_init_is_allowed_because_the_harness_runs_eval():
@@ -47,9 +46,9 @@ def test_dropout_module_in_init_is_allowed_because_the_harness_runs_eval():
 
 
 def test_extra_imports_allow_a_plugin_library():
-    code = make_task("return x", header="import mylib.ops")
+    code = make_task("return x", header="import json.decoder")  # any importable library
     assert static_check(code)[0] == "forbidden_import"
-    assert static_check(code, frozenset({"mylib"})) is None
+    assert static_check(code, frozenset({"json"})) is None
 
 
 def test_inlined_library_code_is_screened_like_a_task():
@@ -62,3 +61,112 @@ def test_inlined_library_code_is_screened_like_a_task():
     assert screen_definitions("import numpy as np\n")[0] == "forbidden_import"
     rejected = screen_definitions("import torch\nclass Noisy:\n    def forward(self, x):\n        return torch.rand_like(x)\n")
     assert rejected[0] == "stochastic_op"
+
+
+# Each route the issue's attacker took past the old name-based check, and more of the same
+# kind: the allowlist resolves where a name or chain leads, not how it is spelled.
+ESCAPES = {
+    "torch.os": "return torch.os.system('id')",
+    "torch.sys": "return torch.sys.modules",
+    "torch.builtins": "return torch.builtins.exec('1')",
+    "torch.ctypes": "return torch.ctypes.CDLL(None)",
+    "torch.importlib": "return torch.importlib.import_module('os')",
+    "torch.inspect": "return torch.inspect.stack()",
+    "torch.threading": "return torch.threading.Thread(target=print)",
+    "nn.functional as a module value": "f = torch.nn.functional\nreturn f.relu(x)",
+    "torch as a value": "t = torch\nreturn t.relu(x)",
+    "module passed to a call": "return id(torch)",
+    "dataclasses.builtins": "return dataclasses.builtins.exec('1')",
+    "operator.attrgetter": "return operator.attrgetter('real')(x)",
+    "comprehension variable named exec": "[0 for exec in range(1)]\nreturn exec('x')",
+    "assigned builtin name": "getattr = max\nreturn x",
+    "frame through a generator": "g = (i for i in [x])\nreturn g.gi_frame.f_back",
+    "traceback frame": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    return e.with_traceback(None)",
+    "dunder in a string": "return hasattr(x, '__globals__')",
+    "format string attribute": "return '{0.__class__}'.format(x)",
+    "type()": "return type(x)",
+    "vars()": "return vars(self)",
+    "patching a tensor method": "T = torch.Tensor\nT.float = lambda t: t\nreturn x",
+    "patching through self": "self.t = torch.Tensor\nself.t.allclose = print\nreturn x",
+    "hiding parameters": "self.named_parameters = lambda: []\nreturn x",
+    "torch.manual_seed": "torch.manual_seed(0)\nreturn x",
+    "torch.compile": "return torch.compile(self)(x)",
+    "torch.jit.load": "return torch.jit.load('m.pt')",
+    "torch.utils": "return torch.utils.data",
+    "torch.library": "return torch.library.Library('x', 'DEF')",
+    "private torch": "return torch._C._nn.gelu(x)",
+    "private on a value": "return x._base",
+    "share memory": "x.share_memory_()\nreturn x",
+    "global hook": "return torch.nn.modules.module.register_module_forward_hook(print)",
+}
+ESCAPE_HEADERS = {"dataclasses.builtins": "import dataclasses", "operator.attrgetter": "import operator"}
+IMPORTS = {
+    "aliased torch.hub": "import torch.hub as h",
+    "from torch.hub": "from torch.hub import download_url_to_file",
+    "from torch import hub": "from torch import hub",
+    "from torch import os": "from torch import os",
+    "from dataclasses import builtins": "from dataclasses import builtins",
+    "from builtins": "from builtins import exec",
+    "star": "from torch import *",
+    "os": "import os",
+    "threading": "import threading",
+    "signal": "import signal",
+    "gc": "import gc",
+    "weakref": "import weakref",
+}
+
+
+@pytest.mark.parametrize("route", sorted(ESCAPES))
+def test_each_escape_route_is_refused(route):
+    code = make_task(ESCAPES[route], header=ESCAPE_HEADERS.get(route, ""))
+    rejected = static_check(code)
+    assert rejected is not None and rejected[0] == "forbidden_call", (route, rejected)
+
+
+@pytest.mark.parametrize("route", sorted(IMPORTS))
+def test_each_import_route_is_refused(route):
+    rejected = static_check(make_task("return x", header=IMPORTS[route]))
+    assert rejected is not None and rejected[0] in ("forbidden_import", "forbidden_call"), (route, rejected)
+
+
+def test_an_alias_of_torch_keeps_every_torch_rule():
+    aliased = make_task("return T.hub.load('a', 'b')", header="import torch as T")
+    assert static_check(aliased)[0] == "forbidden_call"
+    assert static_check(make_task("return T.relu(x)", header="import torch as T")) is None
+    assert static_check(make_task("return fn.gelu(x)", header="import torch.nn.functional as fn")) is None
+    assert static_check(make_task("return gelu(x)", header="from torch.nn.functional import gelu")) is None
+
+
+@pytest.mark.parametrize("method", ["__del__", "__getattr__", "__setattr__", "__init_subclass__", "__eq__"])
+def test_no_dunder_method_but_init(method):
+    code = make_task("return x").replace("    def forward(self, x):", f"    def {method}(self, *a):\n"
+                                                                        "        return None\n\n    def forward(self, x):")
+    assert static_check(code)[0] == "forbidden_call"
+
+
+def test_no_metaclass_and_no_async():
+    assert static_check(make_task("return x", header="class M(type):\n    pass\nclass K(metaclass=M):\n    pass"))[0] \
+        == "forbidden_call"
+    assert static_check(make_task("return x", header="async def f():\n    pass"))[0] == "forbidden_call"
+
+
+@pytest.mark.parametrize("where, code", [
+    ("a helper forward calls", make_task("return noisy(x)", header="def noisy(t):\n    return t + torch.randn_like(t)")),
+    ("a from-import alias", make_task("return x + r(3)", header="from torch import rand as r")),
+    ("an in-place method", make_task("return x.clone().uniform_()")),
+    ("another method of the model", make_task("return self.noise(x)").replace(
+        "    def forward(self, x):", "    def noise(self, t):\n        return t.bernoulli()\n\n    def forward(self, x):")),
+    ("module level", make_task("return x + W", constants="batch_size = 64\nfeatures = 256\nW = torch.randn(256)")),
+])
+def test_random_ops_are_found_wherever_forward_can_reach_them(where, code):
+    assert static_check(code)[0] == "stochastic_op", where
+
+
+def test_random_initialisation_in_init_and_inputs_is_allowed():
+    code = make_task("return x @ self.w", init="self.w = nn.Parameter(torch.randn(features, features))")
+    assert static_check(code) is None
+
+
+def test_a_tasks_own_attributes_may_be_named_like_tensor_methods():
+    """`self.dim = dim` is ordinary layer code; only the model's own methods are protected."""
+    assert static_check(make_task("return x.sum(self.dim)", init="self.dim = -1")) is None
