@@ -56,8 +56,6 @@ class RunConfig:
     max_memory_gb: float = 8.0
     max_task_memory_gb: float = 16.0
     workers: int = 0
-    read_only_fs: bool = True  # sandbox workers see a read-only file system (see README)
-    min_free_gb: float = 1.0  # free disk the sandbox needs for compiling; below it the run stops
     cache_dir: str = field(default_factory=default_cache_dir)
     beam_args: list = field(default_factory=list)
 
@@ -73,7 +71,6 @@ class RunConfig:
         _require(0 < self.similarity_threshold <= 1 and 0 < self.dedupe_threshold <= 1,
                  "similarity_threshold and dedupe_threshold must be in (0, 1]")
         _require(self.workers >= 0, "workers must be 0 (auto) or more")
-        _require(self.min_free_gb >= 0, f"min_free_gb must be 0 or more, not {self.min_free_gb}")
         _require(bool(self.libraries), "libraries must name at least one op library, e.g. [torch]")
         mix = {int(k): float(v) for k, v in self.op_count_mix.items()}
         _require(mix and all(1 <= k <= 5 and v >= 0 for k, v in mix.items()) and sum(mix.values()) > 0,
@@ -140,8 +137,10 @@ def _coerce_value(key, value, spec):
     if default is None or value is None:
         return value
     try:
-        if kind is bool:
-            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        if kind in (int, float) and isinstance(value, bool):
+            raise ValueError  # `true` is not a number
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError  # 2.5 samples is not 2
         if kind in (int, float, str):
             return kind(value)
         if kind is list:

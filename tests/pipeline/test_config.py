@@ -24,6 +24,9 @@ def test_shipped_recipe_by_name():
     ("op_count_mix: {7: 1.0}\n", "op_count_mix"),
     ("- a list\n", "must hold a mapping"),
     ("num_samples: [\n", "not valid YAML"),
+    ("num_samples: true\n", "num_samples must be a int, not True"),
+    ("num_samples: 2.5\n", "num_samples must be a int, not 2.5"),
+    ("read_only_fs: nope\n", "unknown config key.*read_only_fs"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
