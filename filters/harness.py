@@ -1,4 +1,4 @@
-"""The execution checks, run inside a sandbox worker on one candidate (DESIGN.md 2-5).
+"""The execution checks, run inside a sandbox worker on one candidate (docs/architecture.md, "Acceptance").
 
 Each check measures, then decides by a threshold from the config; every measurement is
 returned in `metrics`, for rejects too. The comparison functions are bound when this
@@ -25,6 +25,8 @@ from filters.resize import NotResizable, scale_constant
 _allclose = torch.allclose
 _isfinite = torch.isfinite
 _equal = torch.equal
+_abs, _sub, _amax, _size, _to_float = torch.abs, torch.sub, torch.amax, torch.Tensor.size, torch.Tensor.float
+_clone = torch.Tensor.clone
 _compile = torch.compile
 with warnings.catch_warnings():  # importing inductor warns about torch.jit deprecations
     warnings.simplefilter("ignore")
@@ -40,6 +42,20 @@ DEFAULTS = {
     # Timing holds the GPU alone while every other worker waits: 5 to 10 samples, ~50 ms of them.
     "timing_budget_ms": 50.0, "warmup_ms": 20.0, "min_repeats": 5, "max_repeats": 10,
     "ablation": True, "compile": True, "timing_lock": None,
+}
+
+
+# Every (stage, reason) a check can decide, and the sandbox's own; a worker's result that
+# names another is not a verdict.
+REASONS = {
+    "accepted": frozenset({""}),
+    "execute": frozenset({"eager_error", "nan_or_inf", "out_of_memory"}),
+    "timing": frozenset({"too_fast", "too_slow", "too_large", "eager_error", "out_of_memory"}),
+    "determinism": frozenset({"nondeterministic", "eager_error", "out_of_memory"}),
+    "degenerate": frozenset({"fixed_inputs", "constant_output", "eager_error", "out_of_memory"}),
+    "ablation": frozenset({"dead_parameter", "unused_module", "redundant_op", "eager_error", "out_of_memory"}),
+    "compile": frozenset({"compile_error", "compile_mismatch", "eager_error", "out_of_memory"}),
+    "sandbox": frozenset({"crashed", "timeout", "out_of_memory"}),
 }
 
 
@@ -93,37 +109,25 @@ def warm_up(device: str, cache_dir: str) -> dict:
     garbage collector's permanent generation. The first compile imports most of Inductor;
     frozen, those objects are no longer traversed by every full collection (0.2-0.3 s a
     candidate on this code's CPU, before), and no candidate pays the cold compile.
-    The warm-up compiles into `cache_dir` (the worker's own), not the run's shared compiler
-    cache: every worker compiles the same kernels at the same moment at start, and none
-    may wait on another's lock there."""
-    with _compiler_caches(cache_dir):
-        result = evaluate(WARM_UP_TASK, {"device": device, "window_ms": (0.0, math.inf)})
+    The warm-up compiles into `cache_dir`, the worker's own: no compiler cache is shared
+    with another worker, job or run, so none can be poisoned by a task."""
+    use_compiler_caches(cache_dir)
+    result = evaluate(WARM_UP_TASK, {"device": device, "window_ms": (0.0, math.inf)})
     _reset_dynamo()
     _release(torch.device(device))
     gc.freeze()
     return result
 
 
-@contextlib.contextmanager
-def _compiler_caches(folder: str):
-    """Inductor's and Triton's caches in `folder` for the length of the block. Inductor
-    memoizes some paths under its cache: those are cleared on the way in and out."""
+def use_compiler_caches(folder: str) -> None:
+    """Inductor's and Triton's caches in `folder` from now on. Inductor memoizes some paths
+    under its cache: those are cleared."""
+    os.environ.update(TORCHINDUCTOR_CACHE_DIR=folder, TRITON_CACHE_DIR=os.path.join(folder, "triton"))
     try:
         from torch._inductor.utils import clear_caches
     except ImportError:  # a torch without it memoizes no cache path
-        clear_caches = lambda: None  # noqa: E731
-    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    os.environ.update(TORCHINDUCTOR_CACHE_DIR=folder, TRITON_CACHE_DIR=os.path.join(folder, "triton"))
+        return
     clear_caches()
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        clear_caches()
 
 
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
@@ -170,7 +174,7 @@ class GpuGate:
         if not self.path:
             yield
             return
-        with open(self.path + ".gate", "a") as gate, open(self.path, "a") as gpu:
+        with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
             fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
             fcntl.flock(gpu, fcntl.LOCK_SH)
@@ -193,7 +197,7 @@ class GpuGate:
         if not self.path:
             yield
             return
-        with open(self.path + ".gate", "a") as gate, open(self.path, "a") as gpu:
+        with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(gpu, fcntl.LOCK_EX)
@@ -205,6 +209,11 @@ class GpuGate:
                 fcntl.flock(gpu, fcntl.LOCK_UN)
                 fcntl.flock(gate, fcntl.LOCK_UN)
                 self.alone_s += time.perf_counter() - entered
+
+
+def _lock_file(path: str):
+    """The pool makes the lock files; a jailed worker sees them read-only (flock needs no more)."""
+    return open(path, "r") if os.path.exists(path) else open(path, "a")
 
 
 @contextlib.contextmanager
@@ -239,8 +248,14 @@ def make_inputs(task, device: torch.device) -> list:
 
 def forward(model, inputs) -> list[torch.Tensor]:
     with torch.no_grad():
-        out = model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+        out = model(*fresh_copies(inputs))
     return flatten(out)
+
+
+def fresh_copies(inputs: list) -> list:
+    """Every call, checked or timed, gets new copies of the inputs: a task that changes its
+    inputs in place changes no later call, and none can tell a timed call by its arguments."""
+    return [_clone(x) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def flatten(out) -> list[torch.Tensor]:
@@ -384,16 +399,17 @@ def _warm_up(model, inputs, device, budget_ms: float, gate: "GpuGate | None" = N
 
 
 def _time_once(model, inputs, device) -> float:
+    args = fresh_copies(inputs)  # made before the clock starts, as for every checked call
     with torch.no_grad():
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            model(*inputs)
+            model(*args)
             end.record()
             end.synchronize()
             return start.elapsed_time(end)
         began = time.perf_counter()
-        model(*inputs)
+        model(*args)
         return (time.perf_counter() - began) * 1e3
 
 
@@ -478,15 +494,16 @@ def _gated_inductor(gate: "GpuGate"):
     return backend
 
 
+# The comparisons call only functions bound at import, before any task code ran.
 def close(a: list, b: list, atol: float, rtol: float) -> bool:
     return len(a) == len(b) and all(
-        x.shape == y.shape and _allclose(x.float(), y.float(), atol=atol, rtol=rtol) for x, y in zip(a, b))
+        _size(x) == _size(y) and _allclose(_to_float(x), _to_float(y), atol=atol, rtol=rtol) for x, y in zip(a, b))
 
 
 def max_diff(a: list, b: list) -> float:
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+    if len(a) != len(b) or any(_size(x) != _size(y) for x, y in zip(a, b)):
         return math.inf
-    diffs = [float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b)]
+    diffs = [float(_amax(_abs(_sub(_to_float(x), _to_float(y))))) if x.numel() else 0.0 for x, y in zip(a, b)]
     return max(diffs, default=0.0)
 
 

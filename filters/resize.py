@@ -21,6 +21,12 @@ def scale_constant(code: str, factor: float, name: str = RESIZE_CONSTANT) -> tup
     return module.visit(_SetConstant(name, new_value)).code, finder.value, new_value
 
 
+def with_constant(code: str, value: int, name: str = RESIZE_CONSTANT) -> str:
+    """`code` with `name = <int>` set to `value` (a task the checks re-sized, rebuilt from its
+    original code and the batch size they chose)."""
+    return cst.parse_module(code).visit(_SetConstant(name, value)).code
+
+
 def _is_constant(node: cst.SimpleStatementLine, name: str) -> cst.Assign | None:
     statement = node.body[0] if len(node.body) == 1 else None
     if (isinstance(statement, cst.Assign) and len(statement.targets) == 1

@@ -1,35 +1,45 @@
-"""The worker pool: untrusted candidates run only here, in long-lived worker processes.
+"""The worker pool: untrusted candidates run only here, in jailed, long-lived workers.
 
-Every job gets a wall-clock limit; a worker that hangs, dies or outgrows its memory is
-killed and replaced, and the job comes back as `timeout`, `crashed` or `out_of_memory`.
-`run` never raises: every job yields a result dict. Results travel on a pipe of their own,
-never on the worker's stdout.
+Each worker is a warm zygote inside the jail (filters/jail.py) that forks a fresh child for
+every job (filters/worker.py). The zygote bounds each job's time and memory; the pool keeps
+a backstop limit a little past it and replaces a worker that misses it. `run` never raises
+for anything a candidate does: every job yields a result dict. Results travel on a pipe of
+their own, tagged with the job's id, and are taken only in the shape the checks produce: the
+code a verdict applies to is always the job's own (re-sized here, never sent back).
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import queue
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from filters.worker import receive, send
+from filters import jail
+from filters.resize import with_constant
+from filters.worker import MAX_DETAIL, check_result, failure, receive, send
 
 POLL_S = 0.2
+BACKSTOP_S = 30.0  # past a job's own limit, enforced by its zygote, the pool replaces the worker
+MAX_LOG_BYTES = 4 << 20  # what one worker may write to workers.log
 WORKER_ENV = {
     "PYTHONUNBUFFERED": "1",
     "TORCHINDUCTOR_COMPILE_THREADS": "1",  # no compile subprocess pool per worker
+    # No precompiled headers: they would be files every later job's compile reads, which a
+    # task could rewrite. Each job compiles against the plain headers.
+    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
     # Keep freed tensor memory in the heap, as a GPU caching allocator does, so CPU timings
     # measure the ops and not the OS faulting fresh pages in on every call.
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
@@ -42,12 +52,10 @@ class SandboxOptions:
     device: str = "cpu"
     timeout_s: float = 300.0
     max_memory_gb: float = 8.0
-    # How memory is capped: "rlimit" (address-space limit; breaks CUDA), "rss" (the parent
-    # watches resident memory and kills the worker), or "auto" (rlimit on CPU, rss on GPU).
+    # How memory is capped: "rlimit" (address-space limit; breaks CUDA), "rss" (the zygote
+    # watches its child's resident memory and kills it), or "auto" (rlimit on CPU, rss on GPU).
     memory_guard: str = "auto"
     threads: int | None = None
-    isolate_network: bool = True
-    read_only_fs: bool = True  # every file system read-only but the scratch folder and compiler caches
     startup_timeout_s: float = 180.0
     # Each worker starts by running the checks on a built-in task (harness.warm_up): no
     # candidate pays the cold compile, and the garbage collector skips what that imported.
@@ -59,9 +67,6 @@ class SandboxOptions:
     # GPU memory one worker may take (the task cap plus headroom); None leaves it unbounded.
     gpu_memory_gb: float | None = None
     env: tuple = ()  # extra (name, value) environment pairs; a tuple keeps options hashable
-    # Free space the scratch folders and the compiler cache need: Inductor writes every kernel
-    # it builds there. Below it no candidate is sent: on a full disk every compile fails.
-    min_free_gb: float = 1.0
 
     def guard(self) -> str:
         if self.memory_guard != "auto":
@@ -77,39 +82,23 @@ class WorkerFailed(HostProblem):
     """A worker could not start at all."""
 
 
-class DiskFull(HostProblem):
-    """Too little free space where the workers write."""
-
-
 class Worker:
     def __init__(self, options: SandboxOptions, gpu: int | None = None):
         self.options, self.gpu = options, gpu
         self.process: subprocess.Popen | None = None
-        self.scratch: str | None = None  # the worker's only writable folder but the compiler caches
         self.info: dict = {}
+        self.jobs = itertools.count()
+        self.log_tail: deque[str] = deque(maxlen=5)
 
     def run(self, job: dict) -> dict:
-        self._require_free_space()
         if not self.alive():
             self.start()
+        job_id = f"{os.getpid()}-{id(self)}-{next(self.jobs)}"
         try:
-            send(self.job_fd, job)
+            send(self.job_fd, {"id": job_id, "code": job["code"], "config": job["config"]})
         except OSError:
             return self._died(job)
-        result = self._await_result(job)
-        # A verdict reached while the disk filled up may be the disk's (a compile that could
-        # not write its kernel): it is dropped, never stored, and the run stops.
-        self._require_free_space()
-        return result
-
-    def _require_free_space(self) -> None:
-        folders = {"the workers' scratch folders (set TMPDIR to move them)": tempfile.gettempdir(),
-                   "the compiler cache (under --cache-dir)": dict(self.options.env).get("TORCHINDUCTOR_CACHE_DIR")}
-        for what, folder in folders.items():
-            free_gb = _free_gb(folder) if folder else None
-            if free_gb is not None and free_gb < self.options.min_free_gb:
-                raise DiskFull(f"only {free_gb:.2f} GiB free on the disk of {folder}, {what}; the sandbox needs "
-                               f"{self.options.min_free_gb:g} GiB there to compile candidates: free some space")
+        return self._await_result(job, job_id)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -118,35 +107,52 @@ class Worker:
         self.stop()
         job_r, self.job_fd = os.pipe()
         self.result_fd, result_w = os.pipe()
-        self.scratch = tempfile.mkdtemp(prefix="opsynth-worker-")
-        options = {"scratch": self.scratch, "device": self.options.device, "warm_up": self.options.warm_up,
-                   "isolate_network": self.options.isolate_network, "read_only_fs": self.options.read_only_fs,
-                   "threads": self.options.threads,
-                   "gpu_memory_gb": self.options.gpu_memory_gb,
-                   "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None}
-        env = {**os.environ, **dict(self.options.env), **WORKER_ENV}
+        seccomp = jail.seccomp_pipe()
+        options = {"device": self.options.device, "warm_up": self.options.warm_up, "threads": self.options.threads,
+                   "timeout_s": self.options.timeout_s, "gpu_memory_gb": self.options.gpu_memory_gb,
+                   "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None,
+                   "rss_limit_gb": self.options.max_memory_gb if self.options.guard() == "rss" else None}
+        extra = {**dict(self.options.env), **WORKER_ENV}
         gpu = physical_gpu(self.gpu or 0)
         if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
+            extra["CUDA_VISIBLE_DEVICES"] = gpu
+        readable: tuple[str, ...] = ()
         if self.options.timing_lock_dir:
-            env["OPSYNTH_TIMING_LOCK"] = os.path.join(self.options.timing_lock_dir,
-                                                      f"gpu{re.sub(r'[^A-Za-z0-9-]', '_', gpu)}.lock")
-        log = open(self.options.log_path, "ab") if self.options.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "filters.worker", str(job_r), str(result_w), json.dumps(options)],
-            pass_fds=(job_r, result_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            env=env, start_new_session=True)
-        if log is not subprocess.DEVNULL:
-            log.close()
-        os.close(job_r)
-        os.close(result_w)
+            extra["OPSYNTH_TIMING_LOCK"] = _timing_lock(self.options.timing_lock_dir, gpu)
+            readable = (self.options.timing_lock_dir,)
+        argv = [sys.executable, "-m", "filters.worker", str(job_r), str(result_w), json.dumps(options)]
+        command = jail.command(argv, gpu=self.options.device.startswith("cuda"), env=jail.environment(extra),
+                              seccomp_fd=seccomp, readable=readable)
+        self.process = subprocess.Popen(command, pass_fds=(job_r, result_w, seccomp), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        for fd in (job_r, result_w, seccomp):
+            os.close(fd)
+        threading.Thread(target=self._copy_log, args=(self.process.stderr,), daemon=True).start()
         ready = self._read(self.options.startup_timeout_s)
         if not isinstance(ready, dict) or not ready.get("ready"):
             self.stop()
             why = (f"not ready within {self.options.startup_timeout_s:.0f} s" if ready == "timeout"
                    else "it exited before it was ready" if ready is None else f"it answered {ready}")
-            raise WorkerFailed(f"a sandbox worker did not start ({why}); see {self.options.log_path or 'its stderr'}")
+            said = " | ".join(self.log_tail)
+            raise WorkerFailed(f"a sandbox worker did not start ({why}){': ' + said if said else ''}; "
+                               f"see {self.options.log_path or 'its stderr'}")
         self.info = ready
+
+    def _copy_log(self, stream) -> None:
+        """The worker's stderr, secrets redacted and capped, into the run's workers.log."""
+        secrets, written = jail.secret_values(), 0
+        log = open(self.options.log_path, "a", errors="replace") if self.options.log_path else None
+        try:
+            for raw in stream:
+                line = jail.redact(raw.decode(errors="replace"), secrets)
+                self.log_tail.append(line.strip()[:300])
+                if log and written < MAX_LOG_BYTES:
+                    written += len(line)
+                    log.write(line if written < MAX_LOG_BYTES else "[workers.log: this worker's output cut here]\n")
+                    log.flush()
+        finally:
+            if log:
+                log.close()
 
     def stop(self) -> None:
         if self.process is not None:
@@ -157,40 +163,42 @@ class Worker:
             for fd in (self.job_fd, self.result_fd):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        if self.scratch:  # a killed worker cannot clean up after itself
-            shutil.rmtree(self.scratch, ignore_errors=True)
-        self.process, self.scratch = None, None
+        self.process = None
 
-    def _await_result(self, job: dict) -> dict:
-        outcome = self._read(self.options.timeout_s, watch_memory=self.options.guard() == "rss")
-        if isinstance(outcome, dict):
-            return outcome
+    def _await_result(self, job: dict, job_id: str) -> dict:
+        outcome = self._read(self.options.timeout_s + BACKSTOP_S)
         if outcome == "timeout":
             self.stop()
-            return _failure(job, "timeout", f"no result within {self.options.timeout_s:.0f} s; the worker was killed")
-        if outcome == "memory":
+            return _finish(job, failure("timeout", f"no result within {self.options.timeout_s:.0f} s; "
+                                                   "the worker was killed"))
+        if not isinstance(outcome, dict):
+            return self._died(job)
+        if outcome.get("job") != job_id:  # a worker that answers out of turn is not trusted again
             self.stop()
-            return _failure(job, "out_of_memory",
-                            f"resident memory passed {self.options.max_memory_gb} GB; the worker was killed")
-        return self._died(job)
+            return _finish(job, failure("crashed", "the worker answered for another job; it was replaced"))
+        from filters.harness import REASONS
+        result = check_result({k: v for k, v in outcome.items() if k != "job"}, REASONS)
+        if result is None:
+            self.stop()
+            return _finish(job, failure("crashed", "the worker sent something that is not a verdict; it was replaced"))
+        return _finish(job, result)
 
     def _died(self, job: dict) -> dict:
         code = self.process.wait() if self.process else None
         self.stop()
         if code is not None and code < 0:
-            name = signal.Signals(-code).name
-            reason = "out_of_memory" if name == "SIGKILL" else "crashed"
-            return _failure(job, reason, f"the worker died from {name}")
-        return _failure(job, "crashed", f"the worker exited with code {code} before answering")
+            return _finish(job, failure("crashed", f"the worker died from {signal.Signals(-code).name}"))
+        return _finish(job, failure("crashed", f"the worker exited with code {code} before answering"))
 
-    def _read(self, timeout_s: float, watch_memory: bool = False):
+    def _read(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.result_fd], [], [], POLL_S)
             if ready:
-                return receive(self.result_fd)  # None when the worker closed the pipe by dying
-            if watch_memory and _rss_bytes(self.info.get("pid", self.process.pid)) > self.options.max_memory_gb * 2**30:
-                return "memory"
+                try:
+                    return receive(self.result_fd)  # None when the worker closed the pipe by dying
+                except ValueError:
+                    return None
             if self.process.poll() is not None:
                 return None
         return "timeout"
@@ -253,9 +261,26 @@ def _close_shared() -> None:
     _SHARED.clear()
 
 
-def _failure(job: dict, reason: str, detail: str) -> dict:
-    return {"passed": False, "stage": "sandbox", "reason": reason, "detail": detail, "metrics": {},
-            "code": job["code"]}
+def _finish(job: dict, result: dict) -> dict:
+    """The result as the pipeline takes it: with the code it applies to, which is the job's
+    own, re-sized here when the checks changed its batch size, and a detail that names no
+    secret of this process."""
+    code = job["code"]
+    batch = result["metrics"].get("batch_size")
+    if result["metrics"].get("resized") and isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
+        code = with_constant(code, batch)
+    return {**result, "detail": jail.redact(result["detail"])[:MAX_DETAIL], "code": code}
+
+
+def _timing_lock(folder: str, gpu: str) -> str:
+    """The lock file of `gpu` in `folder`, made here: a jailed worker can only read it."""
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, os.stat(folder).st_mode | 0o055)  # the jail's uid must reach the files inside
+    path = os.path.join(folder, f"gpu{re.sub(r'[^A-Za-z0-9-]', '_', gpu)}.lock")
+    for name in (path, path + ".gate"):
+        with open(name, "a"):
+            pass
+    return path
 
 
 def physical_gpu(index: int) -> str:
@@ -264,26 +289,3 @@ def physical_gpu(index: int) -> str:
     those of GPU 2 and 3, shared with any other run on the host that times there."""
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return visible[index] if index < len(visible) else str(index)
-
-
-def _free_gb(folder: str) -> float | None:
-    """Free space on the file system of `folder`, or of its nearest existing parent."""
-    path = os.path.abspath(folder)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return None
-    return stat.f_bavail * stat.f_frsize / 2**30
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0

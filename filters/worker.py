@@ -1,158 +1,56 @@
-"""A sandbox worker: a long-lived process that runs untrusted candidates one at a time.
+"""A sandbox worker: a warm zygote that never runs task code, and a fresh child per job.
 
-Started by `filters.sandbox` as `python -m filters.worker JOB_FD RESULT_FD CONFIG_JSON`.
-Before it imports torch it confines itself, each step as far as the OS allows:
-- a new PID namespace: the worker forks into it and is its PID 1, so no other process of
-  the host (the run that started it, other workers) has a PID it can signal; the process
-  left outside only waits and mirrors how the worker ended;
-- a new network namespace (no network at all);
-- a private mount namespace in which every file system is read-only except the worker's
-  scratch folder and the compiler caches;
-- an address-space limit when asked (CPU only: it breaks CUDA);
-- no stdin, and stdout sent to /dev/null, so a task that prints cannot reach the result
-  channel.
-Each candidate runs in a fresh throw-away directory inside the scratch folder. Where a step
-is refused (no privileges for namespaces), the worker says so in its ready message and the
-static check remains the guard.
+Started by `filters.sandbox` inside the jail (`filters.jail`) as
+`python -m filters.worker JOB_FD RESULT_FD OPTIONS_JSON`. The zygote drops to an
+unprivileged uid, imports torch and runs every check once on a built-in task (on the CPU:
+a GPU is never touched by the zygote, so its children may use it). Then, for each job, it
+forks a child that:
+- leaves its own process group and closes every descriptor but stderr and a pipe made for
+  this job alone, so the zygote's channels are out of its reach;
+- works in a fresh folder that is also its TMPDIR and its compiler caches (nothing a
+  later job reads), under a memory limit and an audit hook that refuses processes, sockets
+  and introspection routes the static check already forbids;
+- runs the checks and writes one result on its pipe, then exits.
+The zygote bounds the child's time and memory, kills its process group, wipes whatever it
+left in /tmp and /dev/shm, checks the result's shape (`check_result`) and sends it on,
+tagged with the job's id. No state a task can change outlives its job: every child starts
+from the zygote as it was after its warm-up.
 """
 from __future__ import annotations
 
-import ctypes
+import errno
 import gc
 import json
+import math
 import os
 import resource
+import select
 import shutil
 import signal
 import sys
 import tempfile
+import time
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-CLONE_NEWNS = 0x00020000
-CLONE_NEWPID = 0x20000000
-PR_SET_PDEATHSIG = 1
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PSEUDO_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
+from filters.jail import drop_privileges
 
-
-def isolate_processes(scratch: str, channels: tuple[int, ...] = ()) -> tuple[str, int]:
-    """Fork into a new PID namespace, with a /proc of its own. Returns (how, this worker's
-    PID as the host sees it). The parent stays outside as a shim that lets go of `channels`,
-    removes `scratch` once the worker is gone and exits the way the worker did."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWPID) != 0:
-        return f"none (unshare failed: {os.strerror(ctypes.get_errno())}); the static check still forbids os", os.getpid()
-    host_pid_r, host_pid_w = os.pipe()
-    child = os.fork()
-    if child:
-        _mirror(child, host_pid_w, channels, scratch)
-    os.close(host_pid_w)
-    host_pid = int.from_bytes(os.read(host_pid_r, 8), "little")
-    os.close(host_pid_r)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the shim killed (by the pool): the worker goes too
-    return "pidns" + _own_proc(libc), host_pid
+MAX_RESULT_BYTES = 1 << 20
+MAX_DETAIL = 500
+POLL_S = 0.1
+ZYGOTE_DIR = "/tmp/zygote"
+# Programs the compiler may start (Inductor's C++ build, Triton's ptxas and its libcuda lookup).
+COMPILER_PROGRAMS = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++", "ld", "ld.bfd", "ld.gold", "as",
+                               "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++", "ptxas", "nvcc", "nvlink",
+                               "fatbinary", "cicc", "nvdisasm", "cuobjdump", "openssl", "ldconfig", "ldconfig.real",
+                               "cc1", "cc1plus", "collect2"})
+REFUSED_EVENTS = frozenset({"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+                            "os.kill", "os.killpg", "pty.spawn", "socket.__new__", "socket.connect", "socket.bind", "socket.sendto",
+                            "socket.sendmsg", "gc.get_referrers", "gc.get_referents", "gc.get_objects",
+                            "sys._current_frames", "sys.setprofile", "sys.settrace", "sys.addaudithook",
+                            "webbrowser.open", "ctypes.dlsym", "ctypes.string_at", "ctypes.addressof"})
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
-def _own_proc(libc) -> str:
-    """Mount a /proc that shows this namespace (CUDA looks itself up in /proc by its PID)."""
-    if libc.unshare(CLONE_NEWNS) != 0:
-        return f" (host /proc: {os.strerror(ctypes.get_errno())})"
-    private = libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
-    if not private or libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
-        return f" (host /proc: {os.strerror(ctypes.get_errno())})"
-    return ""
-
-
-def _mirror(child: int, host_pid_w: int, channels: tuple[int, ...], scratch: str) -> None:
-    """The shim: hand the worker its host PID, let go of the channels, clean up after the
-    worker, and end as it ends. The shim outlives a worker that dies mid-warm-up because
-    the run that started it was killed: then nobody else would remove its scratch."""
-    os.write(host_pid_w, child.to_bytes(8, "little"))
-    os.close(host_pid_w)
-    for fd in channels:
-        os.close(fd)  # the worker's death must close the result pipe, not wait for the shim
-    _, status = os.waitpid(child, 0)
-    shutil.rmtree(scratch, ignore_errors=True)
-    if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
-    os._exit(os.waitstatus_to_exitcode(status))
-
-
-def isolate_network() -> str:
-    """Enter an empty network namespace; returns how (or why not), for the run report."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for flags, how in ((CLONE_NEWNET, "netns"), (CLONE_NEWUSER | CLONE_NEWNET, "userns+netns")):
-        if libc.unshare(flags) == 0:
-            return how
-    return f"none (unshare failed: {os.strerror(ctypes.get_errno())}); the static check still forbids sockets"
-
-
-def confine_filesystem(writable: list[str]) -> str:
-    """Make every mount read-only but `writable` (bind-mounted onto themselves first), in a
-    mount namespace of this process's own; returns how it went, for the run report."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def mount(source, target, flags):
-        if libc.mount(source and source.encode(), target.encode(), None, flags, None) != 0:
-            raise OSError(ctypes.get_errno(), f"mount {target}: {os.strerror(ctypes.get_errno())}")
-
-    try:
-        if libc.unshare(CLONE_NEWNS) != 0:
-            raise OSError(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
-        mount(None, "/", MS_REC | MS_PRIVATE)
-        for path in writable:
-            mount(path, path, MS_BIND | MS_REC)
-        for target, options in _mounts():
-            if target in writable or target.startswith(PSEUDO_FILE_SYSTEMS) or "ro" in options:
-                continue
-            kept = sum(flag for name, flag in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC))
-                       if name in options)
-            mount(None, target, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
-    except OSError as error:
-        return f"not read-only ({error.strerror or error}); the static check still forbids file access"
-    return f"read-only but {', '.join(writable)}"
-
-
-def _mounts() -> list[tuple[str, set[str]]]:
-    with open("/proc/self/mountinfo") as info:
-        rows = [line.split() for line in info]
-    return [(row[4], set(row[5].split(","))) for row in rows]
-
-
-def limit_memory(max_memory_gb: float | None) -> None:
-    if max_memory_gb:
-        limit = int(max_memory_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _writable_folders(scratch: str) -> list[str]:
-    """The scratch folder (also TMPDIR: the C++ compiler writes there), the compiler caches
-    and the timing gate's folder, which must exist before the rest turns read-only."""
-    os.environ["TMPDIR"] = tempfile.tempdir = scratch
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(scratch, "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "triton"))
-    os.environ.setdefault("CUDA_CACHE_PATH", os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "cuda"))
-    folders = [scratch, os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"],
-               os.environ["CUDA_CACHE_PATH"]]
-    if os.environ.get("OPSYNTH_TIMING_LOCK"):  # the GPU timing gate's lock files
-        folders.append(os.path.dirname(os.environ["OPSYNTH_TIMING_LOCK"]))
-    for folder in folders:
-        os.makedirs(folder, exist_ok=True)
-    return list(dict.fromkeys(os.path.realpath(f) for f in folders if not f.startswith(scratch + os.sep)))
-
-
-def _share_precompiled_headers() -> None:
-    """Inductor precompiles its C++ headers (about 150 MB a build) into a folder under the
-    temporary directory it saw at import: here, each worker's scratch. In the compiler
-    cache, one build (under Inductor's own file lock) serves every worker and every run."""
-    from torch._inductor import codecache
-    if hasattr(codecache, "_HEADER_DIR"):
-        codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "precompiled_headers")
-        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
-
+# -- the channel ---------------------------------------------------------------------------
 
 def send(fd: int, message: dict) -> None:
     data = json.dumps(message, default=str).encode()
@@ -163,7 +61,11 @@ def receive(fd: int) -> dict | None:
     header = _read_exact(fd, 8)
     if header is None:
         return None
-    return json.loads(_read_exact(fd, int.from_bytes(header, "little")))
+    size = int.from_bytes(header, "little")
+    if size > MAX_RESULT_BYTES * 2:
+        return None
+    body = _read_exact(fd, size)
+    return None if body is None else json.loads(body)
 
 
 def _read_exact(fd: int, size: int) -> bytes | None:
@@ -177,57 +79,248 @@ def _read_exact(fd: int, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def main() -> None:
-    job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-    scratch = options["scratch"]  # made by the pool; removed by the pool or the shim when the worker ends
-    processes, host_pid = (isolate_processes(scratch, (job_fd, result_fd)) if options.get("isolate_pids", True)
-                           else ("not requested", os.getpid()))
-    writable = _writable_folders(scratch)
-    network = isolate_network() if options.get("isolate_network", True) else "not requested"
-    files = confine_filesystem(writable) if options.get("read_only_fs", True) else "not requested"
-    limit_memory(options.get("rlimit_gb"))
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)
-    os.chdir(scratch)
+# -- what a result may hold ------------------------------------------------------------------
 
+def check_result(raw: object, reasons: dict[str, frozenset[str]]) -> dict | None:
+    """The result a child sent, if it has the shape the checks produce: a known stage and
+    reason, a capped detail, flat metrics of numbers, booleans and short strings. Anything
+    else (code above all: the pool derives the published code itself) is not a verdict."""
+    if not isinstance(raw, dict) or set(raw) != {"passed", "stage", "reason", "detail", "metrics"}:
+        return None
+    passed, stage, reason, detail, metrics = (raw[k] for k in ("passed", "stage", "reason", "detail", "metrics"))
+    if not (isinstance(passed, bool) and isinstance(stage, str) and isinstance(reason, str)
+            and isinstance(detail, str) and isinstance(metrics, dict)):
+        return None
+    if reason not in reasons.get(stage, ()) or passed != (stage == "accepted"):
+        return None
+    clean = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or len(name) > 64:
+            return None
+        if isinstance(value, float) and math.isnan(value):
+            value = None
+        if not (value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) < 200)):
+            return None
+        clean[name] = value
+    return {"passed": passed, "stage": stage, "reason": reason, "detail": detail[:MAX_DETAIL], "metrics": clean}
+
+
+def failure(reason: str, detail: str) -> dict:
+    return {"passed": False, "stage": "sandbox", "reason": reason, "detail": detail, "metrics": {}}
+
+
+# -- the zygote ----------------------------------------------------------------------------
+
+def serve(job_fd: int, result_fd: int, options: dict) -> None:
+    from filters.harness import REASONS
+    while (job := receive(job_fd)) is not None:
+        outcome = run_job(job, options, REASONS)
+        send(result_fd, {"job": job["id"], **outcome})
+
+
+def run_job(job: dict, options: dict, reasons) -> dict:
+    workdir = tempfile.mkdtemp(prefix="job-", dir="/tmp")
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:
+        _child(job, options, workdir, write_fd)  # never returns
+    os.close(write_fd)
+    try:
+        outcome = _await_child(child, read_fd, options, reasons)
+    finally:
+        os.close(read_fd)
+        _end(child)
+        _wipe()
+    return outcome
+
+
+def _await_child(child: int, read_fd: int, options: dict, reasons) -> dict:
+    deadline = time.monotonic() + options["timeout_s"]
+    rss_limit = options.get("rss_limit_gb")
+    data = bytearray()
+    while True:
+        if time.monotonic() > deadline:
+            return failure("timeout", f"no result within {options['timeout_s']:.0f} s; the task was killed")
+        if rss_limit and _rss_bytes(child) > rss_limit * 2**30:
+            return failure("out_of_memory", f"resident memory passed {rss_limit:g} GB; the task was killed")
+        ready, _, _ = select.select([read_fd], [], [], POLL_S)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_RESULT_BYTES:
+            return failure("crashed", "the task's process sent more than a verdict can hold")
+    status = _exit_status(child, deadline)
+    if status is not None and os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        return failure("out_of_memory" if name == "SIGKILL" else "crashed", f"the task's process died from {name}")
+    try:
+        result = check_result(json.loads(bytes(data)), reasons) if data else None
+    except ValueError:
+        result = None
+    if result is None:
+        code = os.waitstatus_to_exitcode(status) if status is not None else "unknown"
+        return failure("crashed", "the task's process ended without a well-formed verdict" +
+                       (f" (exit code {code})" if not data else ""))
+    return result
+
+
+def _exit_status(child: int, deadline: float) -> int | None:
+    while time.monotonic() < deadline + 5:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return status
+        time.sleep(0.01)
+    return None
+
+
+def _end(child: int) -> None:
+    """Kill the child's process group (a compiler it started, anything left) and reap it."""
+    try:
+        os.killpg(child, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        os.waitpid(child, 0)
+    except ChildProcessError:
+        pass
+
+
+def _wipe() -> None:
+    """Everything a child left where the next one could read it."""
+    for folder in ("/tmp", "/dev/shm"):
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if path == ZYGOTE_DIR or os.path.ismount(path):  # the GPU timing locks are bound in read-only
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def _rss_bytes(pid: int) -> int:
+    return _status_kb(pid, "VmRSS:") * 1024
+
+
+def _vm_bytes(pid: int) -> int:
+    return _status_kb(pid, "VmSize:") * 1024
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# -- the child -----------------------------------------------------------------------------
+
+def _child(job: dict, options: dict, workdir: str, write_fd: int) -> None:
+    try:
+        os.setpgid(0, 0)
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        _own_folders(workdir)
+        _limit(options)
+        result = _evaluate(job, options)
+    except BaseException as error:  # SystemExit, KeyboardInterrupt from the task: a crash, not ours
+        result = failure("crashed", f"{type(error).__name__}: {error}"[:MAX_DETAIL])
+    try:
+        os.write(write_fd, json.dumps(result, default=str).encode())
+    finally:
+        os._exit(0)
+
+
+def _evaluate(job: dict, options: dict) -> dict:
     import torch
-    torch.set_num_threads(options.get("threads") or torch.get_num_threads())
-    _share_precompiled_headers()
+
+    from filters.harness import evaluate
+    sys.addaudithook(_refuse_escapes(tempfile.gettempdir()))
     if options.get("gpu_memory_gb") and torch.cuda.is_available():
         # Workers share the GPU: none may take more than its task cap (plus headroom).
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, options["gpu_memory_gb"] * 2**30 / total))
-    from filters.harness import evaluate, warm_up
+    result = evaluate(job["code"], job["config"])
+    return {key: result[key] for key in ("passed", "stage", "reason", "detail", "metrics")}
 
+
+def _own_folders(workdir: str) -> None:
+    """The job's folder is its TMPDIR and holds its compiler caches: nothing a later job reads."""
+    from filters.harness import use_compiler_caches
+    os.chdir(workdir)
+    os.environ.update(TMPDIR=workdir, CUDA_CACHE_PATH=os.path.join(workdir, "cuda"))
+    tempfile.tempdir = workdir
+    use_compiler_caches(os.path.join(workdir, "inductor"))
+
+
+def _limit(options: dict) -> None:
+    import torch
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if options.get("rlimit_gb"):  # on top of what the zygote already maps: the task's own budget
+        limit = _vm_bytes(os.getpid()) + int(options["rlimit_gb"] * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    torch.set_num_threads(options.get("threads") or 1)
+
+
+def _refuse_escapes(workdir: str):
+    """An audit hook (it cannot be removed): the second guard behind the static check."""
+    refused, programs, write_flags = REFUSED_EVENTS, COMPILER_PROGRAMS, WRITE_FLAGS
+    allowed_writes = (workdir + os.sep, "/dev/null")
+
+    def hook(event: str, args: tuple) -> None:
+        if event in refused:
+            raise PermissionError(f"the sandbox refuses {event}")
+        if event == "subprocess.Popen":
+            program = args[0] or (args[1][0] if args[1] else "")
+            if os.path.basename(os.fsdecode(program)) not in programs:
+                raise PermissionError(f"the sandbox refuses to start {os.fsdecode(program)!r}")
+        elif event == "open" and isinstance(args[0], (str, bytes)):
+            mode, flags = args[1] or "", args[2] or 0
+            writing = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & write_flags)
+            path = os.path.realpath(os.fsdecode(args[0]))
+            if writing and not path.startswith(allowed_writes):
+                raise PermissionError(errno.EROFS, f"the sandbox refuses to write {path}")
+    return hook
+
+
+# -- start ---------------------------------------------------------------------------------
+
+def main() -> None:
+    job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    jail = drop_privileges()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.makedirs(ZYGOTE_DIR, exist_ok=True)
+    os.chdir(ZYGOTE_DIR)
+    os.environ["TMPDIR"] = tempfile.tempdir = ZYGOTE_DIR
+
+    import torch
+    torch.set_num_threads(1)  # no OpenMP pool in the zygote: each child starts its own after fork
+    from filters.harness import warm_up
     warmed = "not requested"
     if options.get("warm_up", True):
         # a failure is the host's (its compiler, say), not a candidate's: every candidate will say so too
         try:
-            result = warm_up(options.get("device", "cpu"), os.path.join(scratch, "warm-up-compiler-cache"))
+            result = warm_up("cpu", os.path.join(ZYGOTE_DIR, "compiler-cache"))
             warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
         except Exception as error:
             warmed = f"failed: {type(error).__name__}: {error}"
-    print(f"sandbox worker {host_pid}: processes {processes}; network {network}; file system {files}; "
-          f"warm-up {warmed}", file=sys.stderr, flush=True)
-    send(result_fd, {"ready": True, "processes": processes, "network": network, "files": files, "pid": host_pid,
-                     "warm_up": warmed})
-    while (job := receive(job_fd)) is not None:
-        workdir = tempfile.mkdtemp(dir=scratch)
-        os.chdir(workdir)
-        try:
-            result = evaluate(job["code"], job["config"])
-        except BaseException as error:  # SystemExit, KeyboardInterrupt from the task: a crash, not ours
-            result = {"passed": False, "stage": "sandbox", "reason": "crashed",
-                      "detail": f"{type(error).__name__}: {error}"[:500], "metrics": {}, "code": job["code"]}
-        os.chdir(scratch)
-        shutil.rmtree(workdir, ignore_errors=True)
-        gc.collect()
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-        send(result_fd, result)
-    # The pool closed the channel, or died. Without a PID namespace there is no shim to clean up.
-    shutil.rmtree(scratch, ignore_errors=True)
+    if options.get("device", "cpu").startswith("cuda"):
+        import triton  # noqa: F401  (imported once here; CUDA itself is first touched by a child)
+    print(f"sandbox worker: {jail}; warm-up {warmed}", file=sys.stderr, flush=True)
+    send(result_fd, {"ready": True, "jail": jail, "warm_up": warmed})
+    serve(job_fd, result_fd, options)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The records the parts pass each other (DESIGN.md): OpSpec, Candidate, Verdict."""
+"""The records the parts pass each other (docs/architecture.md): OpSpec, Candidate, Verdict."""
 from __future__ import annotations
 
 import json
@@ -95,7 +95,7 @@ def _json_dict(value) -> dict:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A composed task on its way through the filters (DESIGN.md)."""
+    """A composed task on its way through the filters (docs/architecture.md)."""
 
     id: str
     ops: tuple[str, ...]

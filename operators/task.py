@@ -1,4 +1,4 @@
-"""Render a chain of bound operators as one task in the KernelBench format (DESIGN.md).
+"""Render a chain of bound operators as one task in the KernelBench format (docs/architecture.md).
 
 A seed task is a chain of one op; the template composer renders chains of up to five.
 """

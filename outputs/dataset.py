@@ -1,4 +1,4 @@
-"""Write a finished run as a Hugging Face dataset folder (DESIGN.md, Outputs)."""
+"""Write a finished run as a Hugging Face dataset folder (docs/architecture.md, Outputs)."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The `opsynth` command line (DESIGN.md). Usage errors exit with 2 and one clear line."""
+"""The `opsynth` command line (docs/architecture.md). Usage errors exit with 2 and one clear line."""
 from __future__ import annotations
 
 import argparse

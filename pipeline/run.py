@@ -289,14 +289,12 @@ def gpu_share_gb(gpus: list[int], workers: int) -> float:
 
 
 def _sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:
-    cache_dir = Path(cfg.cache_dir)
     on_host = workers * _beam_processes(cfg.beam_args)  # every Beam process of the host has a pool this size
     return SandboxOptions(
-        device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb, read_only_fs=cfg.read_only_fs,
+        device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
         threads=max(1, (os.cpu_count() or 1) // on_host), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=gpu_lock_dir() if device == "cuda" else None,
-        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None, min_free_gb=cfg.min_free_gb,
-        env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
+        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None)
 
 
 def gpu_lock_dir() -> str:

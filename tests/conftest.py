@@ -31,8 +31,7 @@ def torch_catalog():
 
 def sandbox_options(cache_dir, **overrides) -> SandboxOptions:
     defaults = dict(device="cpu", timeout_s=120, max_memory_gb=6, threads=1,
-                    log_path=str(cache_dir / "workers.log"),
-                    env=(("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor")),))
+                    log_path=str(cache_dir / "workers.log"))
     return SandboxOptions(**{**defaults, **overrides})
 
 

@@ -1,8 +1,10 @@
-"""The sandbox on a GPU host: hostile tasks sent straight to CUDA workers (past the static
-check, as tasks that slipped by it) must fail without touching the host, and a benign task
-must still compile and pass with the file system read-only.
+"""The jailed sandbox on a GPU host: hostile tasks sent straight to CUDA workers (past the
+static check, as tasks that slipped by it) must fail without touching the host, benign
+tasks must compile and pass on the GPU from inside the jail (bwrap, seccomp, uid 65534,
+a fresh child per job that first touches CUDA itself), and a batch of benign jobs through
+the pool is timed.
 
-    python -m tests.benchmarks.gpu_sandbox_check [--device cuda]
+    python -m tests.benchmarks.gpu_sandbox_check [--device cuda] [--workers 4] [--jobs 24]
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 from filters.harness import DEFAULTS
@@ -50,7 +53,10 @@ def task(body: str = "", header: str = "") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=24)
     args = parser.parse_args()
+    os.environ["OPENAI_API_KEY"] = "sk-gpu-check-secret-0001"
     victim = Path(tempfile.gettempdir()) / "opsynth-sandbox-victim"
     home_victim = Path.home() / "opsynth-sandbox-victim"
     for path in (victim, home_victim):
@@ -60,20 +66,38 @@ def main() -> None:
         "write_home": task(f"open({str(home_victim)!r}, 'w').write('owned')"),
         "network": task("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)"),
         "kill_run": task(f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)"),
+        "secret": task("import os\nraise ValueError(str(dict(os.environ)))"),
+        "hang": task("while True:\n    pass"),
     }
     config = {**DEFAULTS, "device": args.device, "window_ms": [1e-6, 1e6]}
-    options = SandboxOptions(device=args.device, timeout_s=240, max_memory_gb=24, threads=2)
-    with WorkerPool(2, options, [0] if args.device.startswith("cuda") else None) as pool:
-        names = ["benign", *hostile, "benign_after"]
-        jobs = [{"code": hostile.get(name, task()), "config": config} for name in names]
-        results = dict(zip(names, pool.run_many(jobs)))
-        info = pool.workers[0].info
+    cuda = args.device.startswith("cuda")
+    with tempfile.TemporaryDirectory() as locks:
+        options = SandboxOptions(device=args.device, timeout_s=60, max_memory_gb=24, threads=2,
+                                 timing_lock_dir=locks if cuda else None, gpu_memory_gb=16 if cuda else None)
+        with WorkerPool(args.workers, options, [0] if cuda else None) as pool:
+            began = time.perf_counter()
+            for worker in pool.workers:
+                worker.start()
+            start_s = time.perf_counter() - began
+            names = ["benign", *hostile, "benign_after"]
+            jobs = [{"code": hostile.get(name, task()), "config": config} for name in names]
+            results = dict(zip(names, pool.run_many(jobs)))
+            info = pool.workers[0].info
+            batch = [{"code": task(f"x = x * {1 + i / 10}"), "config": config} for i in range(args.jobs)]
+            began = time.perf_counter()
+            timed = pool.run_many(batch)
+            batch_s = time.perf_counter() - began
     summary = {
-        "worker": {key: info.get(key) for key in ("processes", "network", "files")},
+        "worker": {key: info.get(key) for key in ("jail", "warm_up")},
         "verdicts": {name: (r["passed"], r["reason"], r["detail"][:90]) for name, r in results.items()},
+        "secret_in_any_detail": any("sk-gpu-check" in r["detail"] for r in results.values()),
         "victim_files_exist": [str(p) for p in (victim, home_victim) if p.exists()],
         "run_survived": True,
-        "benign_compiled": results["benign"]["metrics"].get("compile_ms"),
+        "benign_compiled_ms": results["benign"]["metrics"].get("compile_ms"),
+        "pool_start_s": round(start_s, 1),
+        "batch": {"jobs": args.jobs, "workers": args.workers, "passed": sum(r["passed"] for r in timed),
+                  "wall_s": round(batch_s, 1), "s_per_job": round(batch_s / args.jobs, 2),
+                  "median_eager_ms": sorted(r["metrics"].get("eager_ms") or 0 for r in timed)[args.jobs // 2]},
     }
     print(json.dumps(summary, indent=1))
 

@@ -106,23 +106,6 @@ def test_workers_that_cannot_start_end_the_run_with_one_clear_line(tmp_path, cap
         "Finished work is kept; fix that and run the same command again.")
 
 
-def test_a_disk_without_room_to_compile_ends_the_run_with_one_clear_line(tmp_path, capsys):
-    """A stand-in for a full disk: a free-space floor no disk meets. Nothing is validated,
-    nothing is stored as rejected, and the same command resumes once there is room."""
-    tasks = task_folder(tmp_path, {"good.py": SCALED_TANH.read_text()})
-    config = tmp_path / "full-disk.yaml"
-    config.write_text("min_free_gb: 1.0e+9\n")
-    out = tmp_path / "audit"
-    code, err = run_cli(capsys, "validate", str(tasks), "--out", str(out), "--workers", "1",
-                        "--cache-dir", str(tmp_path / "cache"), "--config", str(config))
-    assert code == 3
-    assert re.fullmatch(r"opsynth: error: only [0-9.]+ GiB free on the disk of \S+, the workers' scratch folders "
-                        r"\(set TMPDIR to move them\); the sandbox needs 1e\+09 GiB there to compile candidates: "
-                        r"free some space\. Finished work is kept; fix that and run the same command again\.",
-                        err.strip().splitlines()[-1]), err
-    assert not list((tmp_path / "cache" / "verdicts").rglob("*.json"))  # no verdict of the disk's making
-
-
 def test_a_full_output_disk_ends_the_run_with_one_clear_line_and_keeps_the_verdicts(tmp_path):
     """A real full disk: --out on a 12 KiB tmpfs, mounted in a mount namespace of the test's
     own. Beam re-raises the write's OSError as a RuntimeError; the cause is still found."""
