@@ -37,9 +37,9 @@ MAX_LOG_BYTES = 4 << 20  # what one worker may write to workers.log
 WORKER_ENV = {
     "PYTHONUNBUFFERED": "1",
     "TORCHINDUCTOR_COMPILE_THREADS": "1",  # no compile subprocess pool per worker
-    # No precompiled headers: they would be files every later job's compile reads, which a
-    # task could rewrite. Each job compiles against the plain headers.
-    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+    # Asking whether a GPU is there through NVML, not the CUDA runtime: the zygote must never
+    # initialise CUDA, or no child forked from it could use the GPU.
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     # Keep freed tensor memory in the heap, as a GPU caching allocator does, so CPU timings
     # measure the ops and not the OS faulting fresh pages in on every call.
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
@@ -176,8 +176,10 @@ class Worker:
         if outcome.get("job") != job_id:  # a worker that answers out of turn is not trusted again
             self.stop()
             return _finish(job, failure("crashed", "the worker answered for another job; it was replaced"))
+        if outcome.get("retire"):  # a job changed what the zygote keeps: no later job may see it
+            self.stop()
         from filters.harness import REASONS
-        result = check_result({k: v for k, v in outcome.items() if k != "job"}, REASONS)
+        result = check_result({k: v for k, v in outcome.items() if k not in ("job", "retire")}, REASONS)
         if result is None:
             self.stop()
             return _finish(job, failure("crashed", "the worker sent something that is not a verdict; it was replaced"))

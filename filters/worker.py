@@ -34,6 +34,7 @@ import time
 from filters.jail import drop_privileges
 
 MAX_RESULT_BYTES = 1 << 20
+MAX_OP_GRAPH = 20_000  # characters of a traced op sequence: a level-3 network has a few thousand
 MAX_DETAIL = 500
 POLL_S = 0.1
 ZYGOTE_DIR = "/tmp/zygote"
@@ -42,7 +43,7 @@ COMPILER_PROGRAMS = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++", "l
                                "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++", "ptxas", "nvcc", "nvlink",
                                "fatbinary", "cicc", "nvdisasm", "cuobjdump", "openssl", "ldconfig", "ldconfig.real",
                                "cc1", "cc1plus", "collect2"})
-REFUSED_EVENTS = frozenset({"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+REFUSED_EVENTS = frozenset({"os.system", "os.exec", "os.spawn", "os.fork", "os.forkpty",
                             "os.kill", "os.killpg", "pty.spawn", "socket.__new__", "socket.connect", "socket.bind", "socket.sendto",
                             "socket.sendmsg", "gc.get_referrers", "gc.get_referents", "gc.get_objects",
                             "sys._current_frames", "sys.setprofile", "sys.settrace", "sys.addaudithook",
@@ -99,7 +100,8 @@ def check_result(raw: object, reasons: dict[str, frozenset[str]]) -> dict | None
             return None
         if isinstance(value, float) and math.isnan(value):
             value = None
-        if not (value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) < 200)):
+        longest = MAX_OP_GRAPH if name == "op_graph" else 200
+        if not (value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= longest)):
             return None
         clean[name] = value
     return {"passed": passed, "stage": stage, "reason": reason, "detail": detail[:MAX_DETAIL], "metrics": clean}
@@ -112,10 +114,32 @@ def failure(reason: str, detail: str) -> dict:
 # -- the zygote ----------------------------------------------------------------------------
 
 def serve(job_fd: int, result_fd: int, options: dict) -> None:
+    """Run jobs until the pool closes the channel. What the zygote keeps on disk (its
+    precompiled headers, its warm-up kernels) is in the children's reach as files of the
+    same uid: each job ends with a check that none changed (a write, a rename or a chmod
+    changes a file's ctime, which no process can set). If one did, the job's result is
+    sent and the worker retires: no later job reads what a task left."""
     from filters.harness import REASONS
+    kept = _snapshot(ZYGOTE_DIR)
     while (job := receive(job_fd)) is not None:
         outcome = run_job(job, options, REASONS)
-        send(result_fd, {"job": job["id"], **outcome})
+        retire = _snapshot(ZYGOTE_DIR) != kept
+        send(result_fd, {"job": job["id"], **outcome, "retire": retire})
+        if retire:
+            print("sandbox worker: a job changed the zygote's files; retiring", file=sys.stderr, flush=True)
+            return
+
+
+def _snapshot(folder: str) -> dict:
+    """Every file and folder under `folder` with what no task can forge: inode, size, times."""
+    info = os.lstat(folder)
+    found = {folder: (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)}
+    for root, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            found[path] = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
+    return found
 
 
 def run_job(job: dict, options: dict, reasons) -> dict:
@@ -275,12 +299,12 @@ def _limit(options: dict) -> None:
 def _refuse_escapes(workdir: str):
     """An audit hook (it cannot be removed): the second guard behind the static check."""
     refused, programs, write_flags = REFUSED_EVENTS, COMPILER_PROGRAMS, WRITE_FLAGS
-    allowed_writes = (workdir + os.sep, "/dev/null")
+    inside = workdir + os.sep
 
     def hook(event: str, args: tuple) -> None:
         if event in refused:
             raise PermissionError(f"the sandbox refuses {event}")
-        if event == "subprocess.Popen":
+        if event in ("subprocess.Popen", "os.posix_spawn"):  # Triton starts ptxas through posix_spawn
             program = args[0] or (args[1][0] if args[1] else "")
             if os.path.basename(os.fsdecode(program)) not in programs:
                 raise PermissionError(f"the sandbox refuses to start {os.fsdecode(program)!r}")
@@ -288,12 +312,23 @@ def _refuse_escapes(workdir: str):
             mode, flags = args[1] or "", args[2] or 0
             writing = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & write_flags)
             path = os.path.realpath(os.fsdecode(args[0]))
-            if writing and not path.startswith(allowed_writes):
+            if writing and not (path == workdir or path.startswith(inside) or path == "/dev/null"):
                 raise PermissionError(errno.EROFS, f"the sandbox refuses to write {path}")
     return hook
 
 
 # -- start ---------------------------------------------------------------------------------
+
+def _keep_precompiled_headers(folder: str) -> None:
+    """Inductor precompiles its C++ headers once per process (about 150 MB, seconds of gcc,
+    then most of a CPU compile's time saved) into a folder it fixed at import, under the
+    temporary folder: here, a folder of the zygote's own, which `_wipe` keeps and `serve`
+    watches. The warm-up builds them; every child reuses them."""
+    from torch._inductor import codecache
+    if hasattr(codecache, "_HEADER_DIR"):
+        codecache._HEADER_DIR = folder
+        codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
+
 
 def main() -> None:
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
@@ -305,19 +340,28 @@ def main() -> None:
     os.chdir(ZYGOTE_DIR)
     os.environ["TMPDIR"] = tempfile.tempdir = ZYGOTE_DIR
 
+    began = time.monotonic()
     import torch
     torch.set_num_threads(1)  # no OpenMP pool in the zygote: each child starts its own after fork
+    _keep_precompiled_headers(os.path.join(ZYGOTE_DIR, "precompiled-headers"))
     from filters.harness import warm_up
-    warmed = "not requested"
-    if options.get("warm_up", True):
+    warmed = "compile not requested"
+    if options.get("device", "cpu").startswith("cuda"):
+        # Compiling, even for the CPU, makes Dynamo ask the CUDA runtime about the GPU, and a
+        # process that did can fork no child that uses it: on a GPU host the zygote only imports.
+        warmed = "imports only (each job's child is the first to touch the GPU)"
+    elif options.get("warm_up", True):
         # a failure is the host's (its compiler, say), not a candidate's: every candidate will say so too
         try:
             result = warm_up("cpu", os.path.join(ZYGOTE_DIR, "compiler-cache"))
             warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
         except Exception as error:
             warmed = f"failed: {type(error).__name__}: {error}"
-    if options.get("device", "cpu").startswith("cuda"):
-        import triton  # noqa: F401  (imported once here; CUDA itself is first touched by a child)
+    from filters.harness import WARM_UP_TASK, trace
+    trace(WARM_UP_TASK)  # tracing on the meta device touches no GPU: every child traces warm
+    if torch.cuda.is_initialized():  # a forked child could never use the GPU
+        raise SystemExit("opsynth worker: CUDA was initialised before the first job; children could not use it")
+    warmed += f" in {time.monotonic() - began:.1f} s"
     print(f"sandbox worker: {jail}; warm-up {warmed}", file=sys.stderr, flush=True)
     send(result_fd, {"ready": True, "jail": jail, "warm_up": warmed})
     serve(job_fd, result_fd, options)

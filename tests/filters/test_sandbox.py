@@ -105,6 +105,17 @@ def test_nothing_a_task_changes_reaches_the_next_job(short_pool):
     assert result["passed"], result
 
 
+def test_a_job_that_touches_the_zygotes_own_files_retires_its_worker(short_pool):
+    """The zygote's precompiled headers are files of the children's uid: a task that gets to
+    one (a chmod is not an audited write) ends its worker, and the next job has a new one."""
+    assert run(short_pool, BENIGN)["passed"]
+    zygote = short_pool.workers[0].process.pid
+    touch = make_task("import os\nos.chmod('/tmp/zygote', os.stat('/tmp/zygote').st_mode)\nreturn x * 2.0")
+    run(short_pool, touch)
+    assert not short_pool.workers[0].alive()
+    assert run(short_pool, BENIGN)["passed"] and short_pool.workers[0].process.pid != zygote
+
+
 def test_no_secret_reaches_a_reject_or_the_workers_log(cache_dir, monkeypatch, tmp_path):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-the-secret-value-123")
     monkeypatch.setenv("HF_TOKEN", "hf_the_secret_value_456")
@@ -151,7 +162,7 @@ def test_the_gpu_timing_gate_works_inside_the_jail(cache_dir, tmp_path, monkeypa
     locks = tmp_path / "locks"
     with WorkerPool(1, sandbox_options(cache_dir, timing_lock_dir=str(locks)), gpus=[1]) as pool:
         pool.workers[0].start()
-        assert pool.workers[0].info["warm_up"] == "passed"
+        assert pool.workers[0].info["warm_up"].startswith("passed in ")
         result = run(pool, BENIGN, {"window_ms": [1e-6, 1e6]})
     assert result["passed"] and result["metrics"]["compile_max_diff"] <= 1e-2, result
     assert result["metrics"]["gpu_alone_ms"] > 0 and result["metrics"]["gate_wait_ms"] >= 0
