@@ -1,6 +1,8 @@
 """Decontamination against a reference benchmark, and dedupe inside a generated set.
 
-The reference is indexed once. A pair can only score above the threshold if its op
+A match is the larger of two exact maxima: the computed score (traced op sequences, every
+reference compared in rapidfuzz's C++ `extractOne`) and the textual score, screened:
+the reference is indexed once. A pair can only score above the threshold if its op
 overlap does (score = min(structure, ops)); op overlap is a cheap multiset Jaccard found
 through an inverted index from op name to groups of reference tasks with the same op
 multiset. Token length bounds the structure term: Indel similarity <= 2 min(la, lb) /
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from filters.similarity import Fingerprint, score
+from filters.similarity import Fingerprint, nearest_computation, textual_similarity
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,14 @@ class DedupeResult:
 
 class SimilarityIndex:
     """Reference fingerprints grouped by op multiset, with an inverted index from op name to
-    groups: a group that shares no op with a task has op overlap 0, so it scores 0 exactly."""
+    groups: a group that shares no op with a task has op overlap 0, so it scores 0 exactly
+    on the textual side; and the traced op sequences, compared whole."""
 
     def __init__(self, fingerprints: list[Fingerprint] = ()):
         self.groups: dict[tuple, list[Fingerprint]] = defaultdict(list)
         self.by_op: dict[str, set[tuple]] = defaultdict(set)
+        self.graphs: list[str] = []  # traced op sequences, and whose they are
+        self.graph_names: list[str] = []
         for fp in fingerprints:
             self.add(fp)
 
@@ -46,12 +51,15 @@ class SimilarityIndex:
         self.groups[fp.ops].append(fp)
         for op, _ in fp.ops:
             self.by_op[op].add(fp.ops)
+        if fp.graph:
+            self.graphs.append(fp.graph)
+            self.graph_names.append(fp.name)
 
     def __len__(self) -> int:
         return sum(len(g) for g in self.groups.values())
 
     def survivors(self, fp: Fingerprint, threshold: float):
-        """Every indexed fingerprint whose bounds allow a score above `threshold`."""
+        """Every indexed fingerprint whose bounds allow a textual score above `threshold`."""
         for key, overlap in self._overlaps(fp):
             if overlap <= threshold:
                 continue
@@ -61,15 +69,20 @@ class SimilarityIndex:
                     yield other
 
     def match(self, fp: Fingerprint, threshold: float) -> Match:
-        best = max(((score(fp, other), other.name) for other in self.survivors(fp, threshold)), default=None)
+        computed = nearest_computation(fp, self.graphs, self.graph_names)
+        return Match(*max(self._textual_match(fp, threshold), computed, key=lambda pair: pair[0]))
+
+    def _textual_match(self, fp: Fingerprint, threshold: float) -> tuple[float, str | None]:
+        best = max(((textual_similarity(fp, other), other.name) for other in self.survivors(fp, threshold)),
+                   default=None)
         if best:
-            return Match(*best)
+            return best
         overlaps = list(self._overlaps(fp))
         if not overlaps:
-            return Match(0.0, None)
+            return 0.0, None
         key, _ = max(overlaps, key=lambda pair: pair[1])
         other = min(self.groups[key], key=lambda o: abs(len(o.tokens) - len(fp.tokens)))
-        return Match(score(fp, other), other.name)
+        return textual_similarity(fp, other), other.name
 
     def _overlaps(self, fp: Fingerprint):
         """(group key, op multiset Jaccard) for every group sharing an op with `fp`."""

@@ -20,6 +20,8 @@ import warnings
 import torch
 
 from filters import ablation
+from filters.op_graph import op_graph
+from filters.worker import MAX_OP_GRAPH
 from filters.resize import NotResizable, scale_constant
 
 _allclose = torch.allclose
@@ -66,9 +68,14 @@ class Reject(Exception):
 
 
 def evaluate(code: str, config: dict) -> dict:
-    """Run every execution check; returns {passed, stage, reason, detail, metrics, code}."""
+    """Run every execution check; returns {passed, stage, reason, detail, metrics, code}.
+    With `trace_only`, only what the task computes is recorded (a reference task's
+    `op_graph`, for decontamination): nothing is run for real."""
     cfg = {**DEFAULTS, **config}
     metrics: dict = {}
+    if cfg.get("trace_only"):
+        metrics["op_graph"] = trace(code)
+        return {"passed": True, "stage": "accepted", "reason": "", "detail": "", "metrics": metrics, "code": code}
     try:
         code = _run_checks(code, cfg, metrics)
     except Reject as reject:
@@ -148,6 +155,8 @@ def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
         if cfg["compile"]:
             with _timed(metrics, "compile"):
                 _check_compile(model, inputs, out, cfg, metrics, gate)
+        with _timed(metrics, "trace"):
+            metrics["op_graph"] = trace(code)
     finally:
         if gate.path:
             metrics.update(gate_wait_ms=gate.waited_s * 1e3, gpu_alone_ms=gate.alone_s * 1e3)
@@ -227,6 +236,20 @@ def _timed(metrics: dict, stage: str):
 
 
 # -- building and running ----------------------------------------------------------------
+
+def trace(code: str) -> str | None:
+    """What the task computes (filters/op_graph.py) as space-separated op names, traced on
+    the meta device from a fresh load of its code; None when it cannot be traced."""
+    try:
+        task = load_task(code)
+        meta = torch.device("meta")
+        with torch.device(meta):
+            model = task.Model(*task.get_init_inputs()).eval()
+            inputs = task.get_inputs()
+        return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
+    except Exception:  # data-dependent code, an op without a meta kernel: the textual score remains
+        return None
+
 
 def load_task(code: str) -> types.ModuleType:
     module = types.ModuleType("opsynth_task")

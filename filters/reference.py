@@ -6,12 +6,15 @@ import hashlib
 import logging
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from filters.similarity import Fingerprint, fingerprint
+from filters.similarity import Fingerprint, encode, fingerprint
+from filters.store import JsonStore
+
+GRAPH_VERSION = 1  # bump when filters/op_graph.py canonicalises differently
 
 log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -28,6 +31,36 @@ class ReferenceSet:
     revision: str
     fingerprints: tuple[Fingerprint, ...]
     unparsable: tuple[str, ...] = ()
+    codes: tuple[str, ...] = ()  # the source of each fingerprint, in order (for tracing)
+    traced: int = 0  # how many fingerprints carry a traced op sequence
+
+
+def traced(reference: ReferenceSet, pool, cache_dir: str | Path) -> ReferenceSet:
+    """`reference` with each task's op sequence, traced in the sandbox (reference code is
+    code from outside too: a Hub dataset is anyone's). Cached by code and torch version."""
+    graphs = trace_all(list(reference.codes), pool, cache_dir)
+    fingerprints = tuple(replace(fp, graph=encode(graph.split())) if graph else fp
+                         for fp, graph in zip(reference.fingerprints, graphs))
+    done = sum(bool(g) for g in graphs)
+    if done < len(graphs):
+        log.info("reference %s: %d of %d tasks traced; the rest keep the textual score", reference.source, done,
+                 len(graphs))
+    return replace(reference, fingerprints=fingerprints, traced=done)
+
+
+def trace_all(codes: list[str], pool, cache_dir: str | Path) -> list[str | None]:
+    """The op sequence of each task (None where it cannot be traced), from the cache or the pool."""
+    import torch
+    store = JsonStore(Path(cache_dir) / "op_graphs")
+    keys = [hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}".encode()).hexdigest() for code in codes]
+    found = [store.get(key) for key in keys]
+    missing = [i for i, entry in enumerate(found) if entry is None]
+    results = pool.run_many([{"code": codes[i], "config": {"trace_only": True}} for i in missing]) if missing else []
+    for i, result in zip(missing, results):
+        found[i] = {"op_graph": result["metrics"].get("op_graph") if result["passed"] else None}
+        if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
+            store.put(keys[i], found[i])
+    return [entry["op_graph"] for entry in found]
 
 
 def load_reference(source: str, levels: tuple[int, ...] = DEFAULT_LEVELS) -> ReferenceSet:
@@ -39,7 +72,9 @@ def load_reference(source: str, levels: tuple[int, ...] = DEFAULT_LEVELS) -> Ref
     if unparsable:
         log.warning("reference %s: %d tasks do not parse and are left out: %s", source, len(unparsable), unparsable[:5])
     digest = hashlib.sha256("\n".join(code for _, code in tasks).encode()).hexdigest()[:12]
-    return ReferenceSet(source, revision or f"content-{digest}", tuple(fingerprints), tuple(unparsable))
+    codes = dict(tasks)
+    return ReferenceSet(source, revision or f"content-{digest}", tuple(fingerprints), tuple(unparsable),
+                        tuple(codes[fp.name] for fp in fingerprints))
 
 
 def fingerprint_all(tasks: list[tuple[str, str]]) -> tuple[list[Fingerprint], list[str]]:

@@ -1,12 +1,22 @@
-"""The pinned AST similarity used for decontamination and dedupe (README, "Similarity").
+"""The similarity used for decontamination and dedupe (docs/decontamination.md).
 
-A task becomes a *fingerprint*:
+score(a, b) = max(textual, computed): the larger of a textual score that reads the source
+and, where both tasks were traced, a score of what they compute (`graph`: the canonical
+ATen op sequence of one forward call, filters/op_graph.py, traced in the sandbox). A task
+that cannot be traced keeps the textual score.
+
+computed(a, b) is the normalized Indel similarity of the two op sequences.
+
+The textual score reads a task as a *fingerprint*, after aliases of torch modules and
+from-imported torch functions are written out (`fn.gelu`, `gelu` -> `F.gelu`) and identity
+arithmetic (`x * 1.0`, `x + 0`) is dropped:
 - `tokens`: a pre-order walk of its AST with docstrings dropped, every local name and
   user-defined attribute replaced by its role (NAME, ATTR, DEF), numbers and strings
   abstracted (NUM, STR), and API, builtin and tensor-method names kept (nn.Conv2d,
   torch.relu, .sum, len). Roles rather than numbered names: numbering by first use lets
   one reordered definition shift every later name and sink the score of a plain copy;
-- `ops`: the multiset of operators the task calls outside get_inputs / get_init_inputs:
+- `ops`: the multiset of operators the task's classes and functions call, but for
+  get_inputs / get_init_inputs (module-level size arithmetic is not an op):
   torch, nn and F API calls and torch.Tensor methods, each named by its lower-cased leaf
   (nn.ReLU, F.relu, torch.relu and x.relu() are all `relu`), and arithmetic operators.
   Calls of the task's own helpers and of Python builtins are structure, not ops.
@@ -23,10 +33,12 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 
 import torch
+from rapidfuzz import process
 from rapidfuzz.distance import Indel
 
 from operators.task import drop_docstrings
@@ -45,32 +57,43 @@ class Fingerprint:
     tokens: str  # one character per token, for rapidfuzz's fast string kernels
     ops: tuple[tuple[str, int], ...]
     digest: str  # hash of the canonical tokens: equal digests are exact duplicates
+    graph: str = ""  # the traced op sequence, one character per op; "" when not traced
 
 
-class _Vocabulary:
-    """Maps tokens to single characters; shared by every fingerprint it builds."""
-
-    def __init__(self):
-        self.codes: dict[str, str] = {}
-
-    def encode(self, tokens: list[str]) -> str:
-        return "".join(self.codes.setdefault(t, chr(0x100 + len(self.codes))) for t in tokens)
+def encode(tokens: list[str]) -> str:
+    """One character per token, the same in every process (a Beam worker fingerprints
+    candidates against reference fingerprints made in another): a CRC over ~1M code points."""
+    return "".join(chr(0x10000 + zlib.crc32(token.encode()) % 0xF0000) for token in tokens)
 
 
-VOCABULARY = _Vocabulary()
-
-
-def fingerprint(code: str, name: str = "") -> Fingerprint:
-    tree = ast.parse(code)
+def fingerprint(code: str, name: str = "", graph: str | None = None) -> Fingerprint:
+    """`graph`: the task's traced op sequence (space-separated op names), if it was traced."""
+    tree = _canonical_tree(ast.parse(code))
     drop_docstrings(tree)
     tokens = _Canonicalizer(_user_attributes(tree)).walk(tree)
     ops = tuple(sorted(_model_ops(tree).items()))
-    return Fingerprint(name, VOCABULARY.encode(tokens), ops,
-                       hashlib.sha256("\x00".join(tokens).encode()).hexdigest()[:16])
+    return Fingerprint(name, encode(tokens), ops, hashlib.sha256("\x00".join(tokens).encode()).hexdigest()[:16],
+                       encode(graph.split()) if graph else "")
 
 
 def score(a: Fingerprint, b: Fingerprint) -> float:
+    return max(textual_similarity(a, b), computed_similarity(a, b))
+
+
+def textual_similarity(a: Fingerprint, b: Fingerprint) -> float:
     return min(structure_similarity(a, b), op_similarity(a, b))
+
+
+def computed_similarity(a: Fingerprint, b: Fingerprint) -> float:
+    return Indel.normalized_similarity(a.graph, b.graph) if a.graph and b.graph else 0.0
+
+
+def nearest_computation(fp: Fingerprint, graphs: list[str], names: list[str]) -> tuple[float, str | None]:
+    """(computed similarity, name) of the closest of `graphs` to `fp`'s: exact, in C++."""
+    if not fp.graph or not graphs:
+        return 0.0, None
+    _, similarity, index = process.extractOne(fp.graph, graphs, scorer=Indel.normalized_similarity)
+    return similarity, names[index]
 
 
 def structure_similarity(a: Fingerprint, b: Fingerprint) -> float:
@@ -82,6 +105,50 @@ def op_similarity(a: Fingerprint, b: Fingerprint) -> float:
         return 1.0
     ca, cb = Counter(dict(a.ops)), Counter(dict(b.ops))
     return sum((ca & cb).values()) / sum((ca | cb).values())
+
+
+TORCH_MODULE_NAMES = {"torch": "torch", "torch.nn": "nn", "torch.nn.functional": "F"}
+IDENTITY_OPERANDS = {ast.Mult: 1, ast.Div: 1, ast.Add: 0, ast.Sub: 0, ast.Pow: 1}
+
+
+def _canonical_tree(tree: ast.Module) -> ast.Module:
+    """Aliases of torch modules written as `torch`, `nn`, `F`; from-imported torch functions
+    as their dotted names; identity arithmetic gone."""
+    names: dict[str, ast.AST] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in TORCH_MODULE_NAMES:
+                    names[alias.asname] = ast.Name(TORCH_MODULE_NAMES[alias.name], ast.Load())
+        elif isinstance(node, ast.ImportFrom) and node.module in TORCH_MODULE_NAMES:
+            for alias in node.names:
+                dotted = f"{node.module}.{alias.name}"
+                local = alias.asname or alias.name
+                if dotted in TORCH_MODULE_NAMES:
+                    names[local] = ast.Name(TORCH_MODULE_NAMES[dotted], ast.Load())
+                else:
+                    names[local] = ast.Attribute(ast.Name(TORCH_MODULE_NAMES[node.module], ast.Load()), alias.name,
+                                                 ast.Load())
+    return _Rewrite({k: v for k, v in names.items() if k not in API_ROOTS or ast.unparse(v) != k}).visit(tree)
+
+
+class _Rewrite(ast.NodeTransformer):
+    def __init__(self, names: dict[str, ast.AST]):
+        self.names = names
+
+    def visit_Name(self, node: ast.Name):
+        if isinstance(node.ctx, ast.Load) and node.id in self.names:
+            return ast.copy_location(self.names[node.id], node)
+        return node
+
+    def visit_BinOp(self, node: ast.BinOp):
+        self.generic_visit(node)
+        identity = IDENTITY_OPERANDS.get(type(node.op))
+        right = node.right.value if isinstance(node.right, ast.Constant) else None
+        if identity is not None and isinstance(right, (int, float)) and not isinstance(right, bool) \
+                and right == identity:
+            return node.left
+        return node
 
 
 def _user_attributes(tree: ast.AST) -> set[str]:
@@ -144,7 +211,7 @@ def _api_name(node: ast.AST) -> str | None:
 def _model_ops(tree: ast.Module) -> Counter:
     ops: Counter = Counter()
     for definition in tree.body:
-        if getattr(definition, "name", None) in INPUT_BUILDERS:
+        if not isinstance(definition, (ast.ClassDef, ast.FunctionDef)) or definition.name in INPUT_BUILDERS:
             continue
         for node in ast.walk(definition):
             if isinstance(node, ast.Call) and (leaf := _op_name(node.func)):

@@ -6,21 +6,29 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataclasses import replace
+
 from filters.decontaminate import SimilarityIndex, decontaminate, dedupe
-from filters.reference import ReferenceSetError, fingerprint_all, load_reference, read_tasks
+from filters.reference import ReferenceSetError, fingerprint_all, load_reference, read_tasks, trace_all, traced
+from filters.similarity import encode
 
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
-                  out: Path) -> list[dict]:
+                  out: Path, pool, cache_dir: str | Path) -> list[dict]:
+    """Both sets are traced in the sandbox `pool` (cached under `cache_dir`), so that what
+    a task computes is compared, and read as text; dedupe inside the set is textual."""
     named = read_tasks(tasks)
     if not named:
         raise ReferenceSetError(f"{tasks} holds no tasks")
-    reference = load_reference(against, levels)
+    reference = traced(load_reference(against, levels), pool, cache_dir)
     fingerprints, unparsable = fingerprint_all(named)
-    matches = decontaminate(fingerprints, SimilarityIndex(reference.fingerprints), threshold)
+    codes = dict(named)
+    graphs = trace_all([codes[fp.name] for fp in fingerprints], pool, cache_dir)
+    computed = [replace(fp, graph=encode(graph.split())) if graph else fp for fp, graph in zip(fingerprints, graphs)]
+    matches = decontaminate(computed, SimilarityIndex(reference.fingerprints), threshold)
     duplicates = dedupe(fingerprints, dedupe_threshold)
     rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,
              "duplicate_of": dup.duplicate_of, "kept": dup.kept and match.similarity <= threshold}

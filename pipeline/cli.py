@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     dedupe.add_argument("--threshold", type=float, default=0.9, help="similarity to the reference that removes a task")
     dedupe.add_argument("--dedupe-threshold", type=float, default=0.95, help="similarity between tasks that removes the later one")
     dedupe.add_argument("--levels", default="1,2,3", help="KernelBench levels to use (default: 1,2,3)")
+    dedupe.add_argument("--workers", type=int, default=0, help="sandbox workers that trace the tasks (0 = auto)")
+    dedupe.add_argument("--cache-dir", help="where traced op sequences are cached (default: ~/.cache/opsynth)")
     dedupe.set_defaults(handler=_dedupe)
 
     publish = commands.add_parser("publish", help="publish a finished output folder as a named version")
@@ -191,17 +193,25 @@ def _publish(args, beam_args) -> int:
 
 
 def _dedupe(args, beam_args) -> int:
+    import os
+
     from filters.reference import ReferenceSetError
+    from filters.sandbox import SandboxOptions, WorkerPool
     from outputs.dedupe_report import dedupe_report
+    from pipeline.config import default_cache_dir
 
     try:
         levels = tuple(int(level) for level in args.levels.split(","))
     except ValueError:
         raise ConfigError(f"--levels must be comma-separated numbers such as 1,2,3, not {args.levels!r}") from None
-    try:
-        rows = dedupe_report(args.tasks, args.against, levels, args.threshold, args.dedupe_threshold, Path(args.out))
-    except ReferenceSetError as error:
-        raise ConfigError(str(error)) from None
+    workers = args.workers or min(os.cpu_count() or 1, 8)
+    # tracing runs the tasks' code (on the meta device): in the sandbox, like every task
+    with WorkerPool(workers, SandboxOptions(timeout_s=120, threads=1, warm_up=False)) as pool:
+        try:
+            rows = dedupe_report(args.tasks, args.against, levels, args.threshold, args.dedupe_threshold,
+                                 Path(args.out), pool, args.cache_dir or default_cache_dir())
+        except ReferenceSetError as error:
+            raise ConfigError(str(error)) from None
     removed = sum(not row["kept"] for row in rows)
     print(f"{args.out}: {len(rows)} tasks, {removed} removed "
           f"({sum(row['max_similarity'] > args.threshold for row in rows)} similar to the reference)")

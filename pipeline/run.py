@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from filters.decontaminate import dedupe
-from filters.reference import ReferenceSet, ReferenceSetError, load_reference, read_tasks
-from filters.sandbox import SandboxOptions
+from filters.reference import GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_tasks, traced
+from filters.sandbox import SandboxOptions, shared_pool
 from filters.similarity import fingerprint
 from operators.catalog import cache_key, load_or_crawl
 from operators.records import Candidate, record_from_json, record_to_json
@@ -66,6 +66,11 @@ def run(cfg: RunConfig) -> dict:
         log.warning("NO REFERENCE BENCHMARK (--reference): tasks are NOT decontaminated against KernelBench; "
                     "the dataset card will say so")
     workers = cfg.workers or default_workers(device, gpus, cfg.beam_args)
+    if reference:  # traced by the pool the run's validation then uses (the same options: the same pool)
+        pool = shared_pool(workers, _sandbox_options(cfg, device, gpus, workers, out_dir), gpus or None)
+        reference = traced(reference, pool, cfg.cache_dir)
+        log.info("reference traced: %d of %d tasks compared by what they compute", reference.traced,
+                 len(reference.fingerprints))
     staging = _staging_dir(out_dir, _fingerprint(cfg, device))
     records = drop_near_duplicates(_read_rounds(staging), cfg.dedupe_threshold)
     next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
@@ -307,7 +312,8 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
     return {"device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
             "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms), "target_ms": cfg.target_ms,
             "max_task_memory_gb": cfg.max_task_memory_gb,
-            "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None}
+            "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None,
+            "op_graph": GRAPH_VERSION}  # verdicts stored before tracing carry no op sequence
 
 
 def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, workers, cache_dir, out_dir, path):

@@ -192,7 +192,8 @@ class _DecontaminateFn(beam.DoFn):
 
     def process(self, record):
         candidate, verdict = record
-        match = self.index.match(fingerprint(verdict.code or candidate.code, candidate.id), self.threshold)
+        graph = verdict.metrics.get("op_graph")  # what the validated task computes, traced in the sandbox
+        match = self.index.match(fingerprint(verdict.code or candidate.code, candidate.id, graph), self.threshold)
         metrics = {**verdict.metrics, "kernelbench_max_similarity": match.similarity,
                    "kernelbench_nearest": match.nearest}
         if match.similarity > self.threshold:

@@ -51,3 +51,91 @@ def disguise(code: str) -> str:
                   if isinstance(t, ast.Attribute)}
     KEEP.update(imported)
     return ast.unparse(_Disguise(attributes).visit(tree))
+
+
+# -- one disguise of each kind, for decontamination's tests and benchmark -------------------
+
+def products(code: str) -> str:
+    """Module-level sizes written as products or sums: `batch_size = 64 * 2`."""
+    tree = ast.parse(code)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, int) and not isinstance(node.value.value, bool) and node.value.value > 1:
+            n = node.value.value
+            node.value = (ast.BinOp(ast.Constant(n // 2), ast.Mult(), ast.Constant(2)) if n % 2 == 0
+                          else ast.BinOp(ast.Constant(n - 1), ast.Add(), ast.Constant(1)))
+    return ast.unparse(tree)
+
+
+def aliased(code: str) -> str:
+    """`import torch.nn.functional as fn`, `from torch import nn as tnn`."""
+    tree = ast.parse(code)
+    renames = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "torch.nn.functional":
+                    renames[alias.asname or alias.name] = alias.asname = "fn"
+    body = []
+    for node in tree.body:
+        if isinstance(node, ast.Import) and [a.name for a in node.names] == ["torch.nn"]:
+            renames[node.names[0].asname or "torch.nn"] = "tnn"
+            node = ast.ImportFrom("torch", [ast.alias("nn", "tnn")], 0)
+        body.append(node)
+    tree.body = body
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in renames:
+            node.id = renames[node.id]
+    return ast.unparse(tree)
+
+
+def identity(code: str) -> str:
+    """One extra identity op before forward returns: `result = result * 1.0`."""
+    tree = ast.parse(code)
+    forward = _method(tree, "forward")
+    last = forward.body[-1]
+    if isinstance(last, ast.Return) and last.value is not None and not isinstance(last.value, ast.Tuple):
+        forward.body[-1:] = ast.parse("result = VALUE\nresult = result * 1.0\nreturn result").body
+        forward.body[-3].value = last.value
+    return ast.unparse(tree)
+
+
+def helper(code: str) -> str:
+    """forward's body moved into a helper method that forward calls."""
+    tree = ast.parse(code)
+    forward = _method(tree, "forward")
+    compute = ast.parse(ast.unparse(forward)).body[0]
+    compute.name = "compute"
+    names = [a.arg for a in forward.args.args[1:]]
+    forward.body = ast.parse(f"return self.compute({', '.join(names)})").body
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    model.body.append(compute)
+    return ast.unparse(tree)
+
+
+def reordered(code: str) -> str:
+    """Definitions in another order: input builders first, the model, sizes last; and the
+    model's methods reversed."""
+    tree = ast.parse(code)
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    rest = [n for n in tree.body if n not in imports + functions + classes]
+    for cls in classes:
+        cls.body.reverse()
+    tree.body = imports + functions + classes + rest
+    return ast.unparse(tree)
+
+
+def everything(code: str) -> str:
+    """Renamed and renumbered first (that would undo an identity op), then every other kind."""
+    return products(aliased(identity(helper(reordered(disguise(code))))))
+
+
+KINDS = {"products": products, "aliased": aliased, "identity": identity, "helper": helper, "reordered": reordered,
+         "renamed": disguise, "everything": everything}
+
+
+def _method(tree: ast.Module, name: str) -> ast.FunctionDef:
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    return next(n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == name)

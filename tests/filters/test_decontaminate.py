@@ -9,7 +9,7 @@ from filters.reference import ReferenceSetError, load_reference
 from filters.similarity import fingerprint, score
 from pipeline.composers.template import TemplateComposer
 from pipeline.cli import main
-from tests.disguise import disguise
+from tests.disguise import KINDS, disguise
 
 REFERENCE = Path(__file__).parents[1] / "fixtures" / "reference"
 
@@ -87,3 +87,134 @@ def test_dedupe_command_flags_disguised_copies_and_not_unrelated_tasks(tmp_path,
     assert rows["other.py"]["kept"] and rows["other.py"]["max_similarity"] < 0.5
     assert main(["dedupe", str(tasks), "--against", str(tmp_path / "nope"), "--out", str(tmp_path / "e.parquet")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+# -- seeing through disguise: what a task computes, traced in the sandbox ---------------------
+
+SEQUENTIAL = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(in_channels, out_channels, kernel_size), nn.ReLU(), nn.AvgPool2d(2))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def get_inputs():
+    return [torch.rand(8, 3, 32, 32)]
+
+
+def get_init_inputs():
+    return [3, 16, 3]
+'''
+FUNCTIONAL_WITH_SIZES_IN_INIT = '''\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, sizes):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(sizes[1], sizes[0]))
+        self.bias = nn.Parameter(torch.zeros(sizes[1]))
+        self.norm = nn.LayerNorm(sizes[1])
+
+    def forward(self, x):
+        return self.norm(F.gelu(F.linear(x, self.weight, self.bias)))
+
+
+def get_inputs():
+    return [torch.rand(64, 256)]
+
+
+def get_init_inputs():
+    return [(256, 512)]
+'''
+SHARES_ONE_OP = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(256, 256)
+
+    def forward(self, x):
+        return torch.cumsum(torch.sigmoid(self.proj(x)), dim=-1)
+
+
+def get_inputs():
+    return [torch.rand(64, 256)]
+
+
+def get_init_inputs():
+    return []
+'''
+DATA_DEPENDENT = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return torch.tanh(x) * 2.0
+        return x
+
+
+def get_inputs():
+    return [torch.rand(64, 256)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.fixture(scope="module")
+def traced_reference(pool, tmp_path_factory):
+    from filters.reference import traced
+    cache = tmp_path_factory.mktemp("op-graphs")
+    return SimilarityIndex(traced(load_reference(str(REFERENCE)), pool, cache).fingerprints), cache
+
+
+def traced_fingerprint(code, name, pool, cache):
+    from filters.reference import trace_all
+    [graph] = trace_all([code], pool, cache)
+    return fingerprint(code, name, graph)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_of_disguise_of_a_reference_task_is_caught(kind, traced_reference, pool):
+    index, cache = traced_reference
+    for path in sorted((REFERENCE / "level2").glob("*.py")):
+        copy = traced_fingerprint(KINDS[kind](path.read_text()), f"{kind} of {path.name}", pool, cache)
+        match = index.match(copy, 0.9)
+        assert match.similarity > 0.9, (kind, path.name, match)
+
+
+@pytest.mark.parametrize("name, code, original", [
+    ("nn.Sequential instead of explicit calls", SEQUENTIAL, "level2/4_Conv2d_ReLU_AvgPool.py"),
+    ("functional form, sizes passed through get_init_inputs", FUNCTIONAL_WITH_SIZES_IN_INIT,
+     "level2/1_Linear_GELU_LayerNorm.py"),
+])
+def test_the_same_computation_written_another_way_is_caught(name, code, original, traced_reference, pool):
+    index, cache = traced_reference
+    match = index.match(traced_fingerprint(code, name, pool, cache), 0.9)
+    assert match.similarity == 1.0 and match.nearest in (original, "level2/5_Linear_GELU_LayerNorm_wide.py"), match
+
+
+def test_sharing_an_op_is_not_contamination_and_an_untraceable_task_keeps_its_textual_score(traced_reference, pool):
+    index, cache = traced_reference
+    shares = traced_fingerprint(SHARES_ONE_OP, "shares", pool, cache)
+    assert shares.graph and index.match(shares, 0.9).similarity < 0.9
+    untraceable = traced_fingerprint(DATA_DEPENDENT, "data-dependent", pool, cache)
+    assert untraceable.graph == ""  # `if x.sum() > 0` has no value on the meta device
+    assert index.match(untraceable, 0.9).similarity < 0.9
