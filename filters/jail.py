@@ -13,8 +13,8 @@ What the process that runs task code is given:
   (a user namespace would map its uid back to the host's root); as any other user, the
   user's own uid inside a user namespace;
 - a seccomp filter that refuses mounts, namespaces, ptrace, module and kexec loading, bpf,
-  keyrings, io_uring and every socket (a Unix socket on the read-only host file system would
-  still connect);
+  keyrings, io_uring and every socket but AF_UNIX (CUDA's runtime needs one; the worker's
+  audit hook refuses them to task code);
 - an environment holding only the names a worker needs (no API key or token).
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import functools
 import glob
 import os
 import re
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -151,7 +152,9 @@ def seccomp_program() -> bytes:
             policy.add_rule(seccomp.ERRNO(errno.EPERM), name)
         except (OSError, RuntimeError, ValueError):  # not a syscall of this architecture
             continue
-    policy.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket")
+    # CUDA's runtime fails to start (error 304) when it cannot make a Unix socket; the network
+    # namespace leaves such a socket nothing but paths on the read-only host file system.
+    policy.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
     for flag in NAMESPACE_FLAGS:  # clone() into a new namespace
         policy.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     policy.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags are out of reach: libc falls back to clone
