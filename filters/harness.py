@@ -12,6 +12,7 @@ import functools
 import gc
 import math
 import os
+import signal
 import statistics
 import time
 import types
@@ -22,6 +23,8 @@ import torch
 from filters import ablation
 from filters.op_graph import op_graph
 from filters.worker import MAX_OP_GRAPH
+
+TRACE_LIMIT_S = 20.0
 from filters.resize import NotResizable, scale_constant
 
 _allclose = torch.allclose
@@ -239,16 +242,25 @@ def _timed(metrics: dict, stage: str):
 
 def trace(code: str) -> str | None:
     """What the task computes (filters/op_graph.py) as space-separated op names, traced on
-    the meta device from a fresh load of its code; None when it cannot be traced."""
+    the meta device from a fresh load of its code, within TRACE_LIMIT_S; None when it
+    cannot be traced (a task that makes real tensors of its own can take minutes)."""
+    previous = signal.signal(signal.SIGALRM, _out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, TRACE_LIMIT_S)
     try:
         task = load_task(code)
-        meta = torch.device("meta")
-        with torch.device(meta):
+        with torch.device("meta"):
             model = task.Model(*task.get_init_inputs()).eval()
             inputs = task.get_inputs()
         return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
     except Exception:  # data-dependent code, an op without a meta kernel: the textual score remains
         return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _out_of_time(signum, frame):
+    raise TimeoutError(f"not traced within {TRACE_LIMIT_S} s")
 
 
 def load_task(code: str) -> types.ModuleType:
