@@ -89,6 +89,7 @@ def main() -> None:
             batch_s = time.perf_counter() - began
     summary = {
         "worker": {key: info.get(key) for key in ("jail", "warm_up")},
+        "warm_ups": [w.info.get("warm_up") for w in pool.workers],
         "verdicts": {name: (r["passed"], r["reason"], r["detail"][:90]) for name, r in results.items()},
         "secret_in_any_detail": any("sk-gpu-check" in r["detail"] for r in results.values()),
         "victim_files_exist": [str(p) for p in (victim, home_victim) if p.exists()],

@@ -3,7 +3,7 @@
 #   bash tests/benchmarks/h200.sh crawl [SEEDS]                 # crawl, seed audit, sandbox check
 #   bash tests/benchmarks/h200.sh run CANDIDATES WORKERS BENCH  # end-to-end run, cross-check, pool bench
 #   bash tests/benchmarks/h200.sh bench CANDIDATES              # the pool bench alone
-#   bash tests/benchmarks/h200.sh start STARTS                  # one worker's start, own vs shared compiler cache
+#   bash tests/benchmarks/h200.sh jail                          # the jailed sandbox on CUDA workers
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
@@ -33,9 +33,9 @@ if [ "$STAGE" = bench ]; then
     pool_bench "${1:-60}" 420
     exit 0
 fi
-if [ "$STAGE" = start ]; then
-    echo "== a sandbox worker's start: an empty compiler cache each time vs one shared cache"
-    timeout 300 python3 -m tests.benchmarks.bench_worker_start --device cuda --starts "${1:-3}" 2>&1 | tail -8
+if [ "$STAGE" = jail ]; then
+    echo "== hostile and benign tasks through jailed CUDA workers"
+    timeout 400 python3 -m tests.benchmarks.gpu_sandbox_check --device cuda --workers 4 --jobs 24 2>&1 | tail -60
     exit 0
 fi
 if [ "$STAGE" = runners ]; then
@@ -45,8 +45,6 @@ if [ "$STAGE" = runners ]; then
 fi
 if [ "$STAGE" = crawl ]; then
     SEEDS=${1:-200}
-    echo "== which confinement steps CUDA survives"
-    python3 -m tests.benchmarks.cuda_confinement_probe 2>&1
     echo "== crawl torch + transformers (cold unless .device-cache was carried)"
     python3 -m pipeline.cli crawl --out /tmp/catalog.parquet 2>&1 | tail -8
     mkdir -p "$OUT/catalogs" && cp "$OPSYNTH_CACHE_DIR"/catalogs/*.parquet "$OUT/catalogs/"

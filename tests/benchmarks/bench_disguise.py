@@ -1,0 +1,145 @@
+"""Decontamination against disguise, on a real KernelBench checkout.
+
+    python -m tests.benchmarks.bench_disguise /path/to/KernelBench [--candidates 1000] [--workers 2]
+
+Every task of levels 1-3 is traced in the sandbox, then disguised in each way of
+tests/disguise.py (sizes as products, aliased imports, an identity op, a helper method,
+reordered definitions, renamed and renumbered, all together), traced again, and matched
+against the whole reference. Prints, per disguise, how many copies score above the
+threshold with the textual score alone (the score before tracing) and with the combined
+score; the scores between distinct level-2 tasks (false positives among the benchmark's
+own tasks); the scores of template candidates against KernelBench; and the time to match
+10,000 candidates (fingerprints and traces cached, as a run has them).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import tempfile
+import time
+from collections import Counter
+from dataclasses import replace
+
+from filters.decontaminate import SimilarityIndex
+from filters.reference import load_reference, trace_all, traced
+from filters.sandbox import SandboxOptions, WorkerPool
+from filters.similarity import encode, fingerprint, score, textual_similarity
+from operators.catalog import crawl
+from pipeline.composers.template import CompositionFailed, TemplateComposer
+from tests.disguise import KINDS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kernelbench")
+    parser.add_argument("--candidates", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--cache-dir", default=None, help="traced op sequences (default: a temporary folder)")
+    args = parser.parse_args()
+    cache = args.cache_dir or tempfile.mkdtemp(prefix="opsynth-bench-disguise-")
+
+    with WorkerPool(args.workers, SandboxOptions(timeout_s=120, threads=1, warm_up=False)) as pool:
+        began = time.perf_counter()
+        reference = traced(load_reference(args.kernelbench, (1, 2, 3)), pool, cache)
+        print(f"reference: {len(reference.fingerprints)} tasks, {reference.traced} traced "
+              f"in {time.perf_counter() - began:.0f} s")
+        index = SimilarityIndex(reference.fingerprints)
+        textual_index = SimilarityIndex([replace(fp, graph="") for fp in reference.fingerprints])
+        disguises(reference, index, textual_index, pool, cache, args.threshold)
+        false_positives(reference, args.threshold)
+        fingerprints = candidates(args.candidates, pool, cache)
+    templates(fingerprints, index, textual_index, args.threshold)
+    speed(fingerprints, index, args.threshold)
+
+
+def disguises(reference, index, textual_index, pool, cache, threshold) -> None:
+    print(f"\ndisguised copies of every task caught above {threshold} (textual alone -> combined):")
+    for kind, disguise in KINDS.items():
+        copies = []
+        for fp, code in zip(reference.fingerprints, reference.codes):
+            try:
+                copies.append((fp.name, disguise(code)))
+            except (StopIteration, SyntaxError, ValueError):  # no Model.forward to rewrite
+                continue
+        graphs = trace_all([code for _, code in copies], pool, cache)
+        prints = [fingerprint(code, name, graph) for (name, code), graph in zip(copies, graphs)]
+        textual = sum(textual_index.match(fp, threshold).similarity > threshold for fp in prints)
+        combined = sum(index.match(fp, threshold).similarity > threshold for fp in prints)
+        untraced = sum(not fp.graph for fp in prints)
+        print(f"  {kind:11s} {textual:3d} -> {combined:3d} of {len(prints)} ({untraced} copies not traceable)")
+
+
+def false_positives(reference, threshold) -> None:
+    level2 = [fp for fp in reference.fingerprints if fp.name.startswith("level2/")]
+    pairs = list(itertools.combinations(level2, 2))
+    for label, measure in (("textual", textual_similarity), ("combined", score)):
+        scores = [measure(a, b) for a, b in pairs]
+        buckets = Counter(min(int(s * 10), 9) / 10 for s in scores)
+        above = [(a.name, b.name) for (a, b), s in zip(pairs, scores) if s > threshold]
+        print(f"\nscores between distinct level-2 tasks, {label}: {len(pairs)} pairs, {len(above)} above {threshold}")
+        print("  " + ", ".join(f"[{low:.1f},{low + 0.1:.1f}) {buckets[low]}" for low in sorted(buckets)))
+        for a, b in above[:8]:
+            print(f"    {a} ~ {b}")
+
+
+def candidates(count, pool, cache) -> list:
+    composer = TemplateComposer(crawl(["torch"])[0])
+    codes = []
+    for i in itertools.count():
+        if len(codes) == count:
+            break
+        try:
+            codes.append(composer.compose(i, 0).code)
+        except CompositionFailed:
+            continue
+    began = time.perf_counter()
+    graphs = trace_all(codes, pool, cache)
+    print(f"\n{count} template candidates traced in {time.perf_counter() - began:.0f} s "
+          f"({sum(bool(g) for g in graphs)} traceable)")
+    return [fingerprint(code, f"c{i}", graph) for i, (code, graph) in enumerate(zip(codes, graphs))]
+
+
+def templates(fingerprints, index, textual_index, threshold) -> None:
+    print(f"template candidates above {threshold} against KernelBench, by op count (textual -> combined):")
+    rows: dict = {}
+    for fp in fingerprints:
+        ops = sum(n for _, n in fp.ops) if not fp.graph else len(fp.graph)
+        row = rows.setdefault(min(ops, 5), [0, 0, 0])
+        row[0] += 1
+        row[1] += textual_index.match(fp, threshold).similarity > threshold
+        row[2] += index.match(fp, threshold).similarity > threshold
+    for ops, (total, textual, combined) in sorted(rows.items()):
+        print(f"  {ops}{'+' if ops == 5 else ''} traced ops: {textual} -> {combined} of {total}")
+
+
+def speed(fingerprints, index, threshold, count: int = 10_000) -> None:
+    batch = [replace(fp, name=f"{fp.name}#{i}") for i, fp in zip(range(count), itertools.cycle(fingerprints))]
+    began = time.perf_counter()
+    flagged = sum(index.match(fp, threshold).similarity > threshold for fp in batch)
+    match_s = time.perf_counter() - began
+    each_s = _fingerprint_time()
+    print(f"\n{count} candidates matched against {len(index)} reference tasks in {match_s:.1f} s "
+          f"({flagged} flagged); fingerprinting {each_s * 1e3:.2f} ms a candidate, so "
+          f"{match_s + each_s * count:.0f} s for {count} end to end (tracing is part of validation)")
+
+
+def _fingerprint_time() -> float:
+    """Seconds to fingerprint one candidate (parse, canonicalise, encode), over 200 of them."""
+    composer = TemplateComposer(crawl(["torch"])[0])
+    codes = []
+    for i in itertools.count():
+        if len(codes) == 200:
+            break
+        try:
+            codes.append(composer.compose(i, 1).code)
+        except CompositionFailed:
+            continue
+    began = time.perf_counter()
+    for i, code in enumerate(codes):
+        fingerprint(code, str(i), "mm add relu")
+    return (time.perf_counter() - began) / len(codes)
+
+
+if __name__ == "__main__":
+    main()
