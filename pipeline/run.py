@@ -168,7 +168,7 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
         accepted, failed = (pipeline | "Tasks" >> beam.Create(candidates)
                             | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
-                                                               verdicts_dir(cfg.cache_dir)))
+                                                               verdicts_dir(cfg.cache_dir), imported_libraries(cfg)))
         (accepted, failed) | "AllRecords" >> beam.Flatten() | "Write" >> WriteRecords(str(path))
     records = _read_jsonl(path)
     stop = f"validated all {len(candidates)} tasks of {tasks}"
@@ -326,13 +326,21 @@ def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, work
             cfg.composer, catalog, cfg.op_count_mix, cfg.seed, llm, str(cache_dir), batch, cfg.library_mix))
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
-                                                                      verdicts_dir(cache_dir))
+                                                                      verdicts_dir(cache_dir), imported_libraries(cfg))
         similar = pipeline | "NoReference" >> beam.Create([])
         if reference:
             accepted, similar = accepted | "Decontaminate" >> Decontaminate(reference.fingerprints,
                                                                             cfg.similarity_threshold)
         ((accepted, failed, compose_rejects, duplicates, similar) | "AllRecords" >> beam.Flatten()
          | "Write" >> WriteRecords(str(path)))
+
+
+def imported_libraries(cfg: RunConfig) -> frozenset[str]:
+    """The root modules of the run's added op libraries, which its tasks import (the static
+    check's allowlist grows by them). torch is always allowed; transformers layers are
+    inlined, so their tasks import nothing of it."""
+    roots = {library.split(":")[0].split(".")[0] for library in cfg.libraries}
+    return frozenset(roots - {"torch", "transformers"})
 
 
 def _load_reference(cfg: RunConfig) -> ReferenceSet | None:

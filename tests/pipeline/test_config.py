@@ -64,3 +64,11 @@ def test_beam_processes_of_a_host_share_its_cores_among_all_their_workers(monkey
     assert _sandbox_options(cfg, "cpu", [], workers, tmp_path).threads == 1
     assert _sandbox_options(build_config(None, {}), "cpu", [], 8, tmp_path).threads == 1
     assert _sandbox_options(build_config(None, {}), "cpu", [], 2, tmp_path).threads == 4
+
+
+def test_tasks_of_an_added_library_may_import_it_and_nothing_else_is_added():
+    from pipeline.run import imported_libraries
+
+    cfg = build_config(None, {"libraries": ["torch", "kornia.filters", "transformers:llama", "torchvision.ops"]})
+    assert imported_libraries(cfg) == {"kornia", "torchvision"}
+    assert imported_libraries(build_config(None, {})) == frozenset()
