@@ -23,8 +23,6 @@ import torch
 from filters import ablation
 from filters.op_graph import op_graph
 from filters.worker import MAX_OP_GRAPH
-
-TRACE_LIMIT_S = 20.0
 from filters.resize import NotResizable, scale_constant
 
 _allclose = torch.allclose
@@ -47,7 +45,13 @@ DEFAULTS = {
     # Timing holds the GPU alone while every other worker waits: 5 to 10 samples, ~50 ms of them.
     "timing_budget_ms": 50.0, "warmup_ms": 20.0, "min_repeats": 5, "max_repeats": 10,
     "ablation": True, "compile": True, "timing_lock": None,
+    # The longest one step may hold the GPU gate: past it the task's process is ended at once
+    # (SIGALRM), so a hang in forward frees the gate for every other worker within this.
+    "gate_step_limit_s": 30.0,
 }
+# Where a worker's child reports the time it has waited at the GPU gate: its zygote adds it
+# to the job's time limit, which counts the task's own work, not other tasks' queue.
+report_gate_wait = lambda waited_s: None  # noqa: E731
 
 
 # Every (stage, reason) a check can decide, and the sandbox's own; a worker's result that
@@ -72,13 +76,9 @@ class Reject(Exception):
 
 def evaluate(code: str, config: dict) -> dict:
     """Run every execution check; returns {passed, stage, reason, detail, metrics, code}.
-    With `trace_only`, only what the task computes is recorded (a reference task's
-    `op_graph`, for decontamination): nothing is run for real."""
+    What the task computes (`trace`) is recorded by the worker, in a process of its own."""
     cfg = {**DEFAULTS, **config}
     metrics: dict = {}
-    if cfg.get("trace_only"):
-        metrics["op_graph"] = trace(code)
-        return {"passed": True, "stage": "accepted", "reason": "", "detail": "", "metrics": metrics, "code": code}
     try:
         code = _run_checks(code, cfg, metrics)
     except Reject as reject:
@@ -142,7 +142,7 @@ def use_compiler_caches(folder: str) -> None:
 
 def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
     device = torch.device(cfg["device"])
-    gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"))
+    gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"), cfg["gate_step_limit_s"])
     try:
         with _timed(metrics, "load"):
             task, model, inputs, out = _load_and_run(code, cfg, device, gate)
@@ -158,8 +158,6 @@ def _run_checks(code: str, cfg: dict, metrics: dict) -> str:
         if cfg["compile"]:
             with _timed(metrics, "compile"):
                 _check_compile(model, inputs, out, cfg, metrics, gate)
-        with _timed(metrics, "trace"):
-            metrics["op_graph"] = trace(code)
     finally:
         if gate.path:
             metrics.update(gate_wait_ms=gate.waited_s * 1e3, gpu_alone_ms=gate.alone_s * 1e3)
@@ -174,10 +172,12 @@ class GpuGate:
     reader, held for one step (a build, a forward, a comparison), not a whole check: a timer
     waits for the longest reader under way, and every other worker waits behind the timer.
     Both are flock(2) locks on files beside each other, so they hold across processes and
-    are released by the OS if a worker dies. Without a path (CPU) both are no-ops."""
+    are released by the OS if a worker dies. Without a path (CPU) both are no-ops.
+    A step that holds the gate past `step_limit_s` ends its process (SIGALRM's default
+    action): the OS releases its locks, and nobody waits behind a hang for long."""
 
-    def __init__(self, path: str | None):
-        self.path = path
+    def __init__(self, path: str | None, step_limit_s: float | None = None):
+        self.path, self.step_limit_s = path, step_limit_s
         self.waited_s = 0.0  # time spent waiting to enter, either way
         self.alone_s = 0.0  # time spent holding the GPU alone
 
@@ -191,12 +191,13 @@ class GpuGate:
             fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
             fcntl.flock(gpu, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
-            self.waited_s += time.perf_counter() - began
+            self._entered(began)
             try:
                 yield
                 if torch.cuda.is_initialized():  # the step's kernels finish before a timer may enter
                     torch.cuda.synchronize()
             finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
 
     def call(self, step, *args):
@@ -214,13 +215,23 @@ class GpuGate:
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(gpu, fcntl.LOCK_EX)
             entered = time.perf_counter()
-            self.waited_s += entered - began
+            self._entered(began)
             try:
                 yield
             finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
                 fcntl.flock(gate, fcntl.LOCK_UN)
                 self.alone_s += time.perf_counter() - entered
+
+
+    def _entered(self, began: float) -> None:
+        """Count the wait, report it, and arm the step limit."""
+        self.waited_s += time.perf_counter() - began
+        report_gate_wait(self.waited_s)
+        if self.step_limit_s:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.setitimer(signal.ITIMER_REAL, self.step_limit_s)
 
 
 def _lock_file(path: str):
@@ -242,10 +253,8 @@ def _timed(metrics: dict, stage: str):
 
 def trace(code: str) -> str | None:
     """What the task computes (filters/op_graph.py) as space-separated op names, traced on
-    the meta device from a fresh load of its code, within TRACE_LIMIT_S; None when it
-    cannot be traced (a task that makes real tensors of its own can take minutes)."""
-    previous = signal.signal(signal.SIGALRM, _out_of_time)
-    signal.setitimer(signal.ITIMER_REAL, TRACE_LIMIT_S)
+    the meta device from a fresh load of its code; None when it cannot be traced. It runs
+    the task's code: the worker calls it in a child of its own, under a hard time limit."""
     try:
         task = load_task(code)
         with torch.device("meta"):
@@ -254,13 +263,6 @@ def trace(code: str) -> str | None:
         return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
     except Exception:  # data-dependent code, an op without a meta kernel: the textual score remains
         return None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _out_of_time(signum, frame):
-    raise TimeoutError(f"not traced within {TRACE_LIMIT_S} s")
 
 
 def load_task(code: str) -> types.ModuleType:

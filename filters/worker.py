@@ -22,11 +22,13 @@ import errno
 import gc
 import json
 import math
+import mmap
 import os
 import resource
 import select
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import time
@@ -35,6 +37,9 @@ from filters.jail import drop_privileges
 
 MAX_RESULT_BYTES = 1 << 20
 MAX_OP_GRAPH = 20_000  # characters of a traced op sequence: a level-3 network has a few thousand
+# Tracing on the meta device takes well under a second; a task that makes real tensors of its
+# own, or a recurrent cell unrolled over a long sequence, can take minutes: it stays untraced.
+TRACE_LIMIT_S = 20
 MAX_DETAIL = 500
 POLL_S = 0.1
 ZYGOTE_DIR = "/tmp/zygote"
@@ -143,14 +148,29 @@ def _snapshot(folder: str) -> dict:
 
 
 def run_job(job: dict, options: dict, reasons) -> dict:
+    """The checks' verdict (for a trace-only job, a stand-in that only carries the trace),
+    with what the task computes, traced in a second child: a trace that fails or hangs never
+    changes a verdict."""
+    if job["config"].get("trace_only"):
+        outcome = {"passed": True, "stage": "accepted", "reason": "", "detail": "", "metrics": {}}
+    else:
+        outcome = _in_child(job, options, reasons, _child)
+    if outcome["passed"]:
+        traced = _in_child(job, {**options, "timeout_s": TRACE_LIMIT_S}, reasons, _trace_child)
+        outcome["metrics"]["op_graph"] = traced["metrics"].get("op_graph") if traced["passed"] else None
+    return outcome
+
+
+def _in_child(job: dict, options: dict, reasons, body) -> dict:
     workdir = tempfile.mkdtemp(prefix="job-", dir="/tmp")
     read_fd, write_fd = os.pipe()
+    gate_wait = mmap.mmap(-1, 8)  # shared with the child: the seconds it waited at the GPU gate
     child = os.fork()
     if child == 0:
-        _child(job, options, workdir, write_fd)  # never returns
+        body(job, options, workdir, write_fd, gate_wait)  # never returns
     os.close(write_fd)
     try:
-        outcome = _await_child(child, read_fd, options, reasons)
+        outcome = _await_child(child, read_fd, options, reasons, gate_wait)
     finally:
         os.close(read_fd)
         _end(child)
@@ -158,13 +178,19 @@ def run_job(job: dict, options: dict, reasons) -> dict:
     return outcome
 
 
-def _await_child(child: int, read_fd: int, options: dict, reasons) -> dict:
-    deadline = time.monotonic() + options["timeout_s"]
+def _await_child(child: int, read_fd: int, options: dict, reasons, gate_wait: mmap.mmap) -> dict:
+    """The child's result. Its time limit counts its own work: the time it reports waiting
+    at the GPU gate is added, up to the limit itself (a child that lies gains at most that)."""
+    started, limit = time.monotonic(), options["timeout_s"]
     rss_limit = options.get("rss_limit_gb")
     data = bytearray()
     while True:
+        waited = min(max(struct.unpack_from("d", gate_wait)[0], 0.0), limit)
+        deadline = started + limit + waited
         if time.monotonic() > deadline:
-            return failure("timeout", f"no result within {options['timeout_s']:.0f} s; the task was killed")
+            return failure("timeout", f"no result within {limit:.0f} s of its own work"
+                                      f"{f' (and {waited:.0f} s waiting for the GPU)' if waited >= 1 else ''}; "
+                                      "the task was killed")
         if rss_limit and _rss_bytes(child) > rss_limit * 2**30:
             return failure("out_of_memory", f"resident memory passed {rss_limit:g} GB; the task was killed")
         ready, _, _ = select.select([read_fd], [], [], POLL_S)
@@ -177,6 +203,8 @@ def _await_child(child: int, read_fd: int, options: dict, reasons) -> dict:
         if len(data) > MAX_RESULT_BYTES:
             return failure("crashed", "the task's process sent more than a verdict can hold")
     status = _exit_status(child, deadline)
+    if status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM:
+        return failure("timeout", "one step held the GPU gate past its limit; the task was killed and the gate freed")
     if status is not None and os.WIFSIGNALED(status):
         name = signal.Signals(os.WTERMSIG(status)).name
         return failure("out_of_memory" if name == "SIGKILL" else "crashed", f"the task's process died from {name}")
@@ -249,14 +277,33 @@ def _status_kb(pid: int, field: str) -> int:
 
 # -- the child -----------------------------------------------------------------------------
 
-def _child(job: dict, options: dict, workdir: str, write_fd: int) -> None:
+def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
+    def checks() -> dict:
+        from filters import harness
+        harness.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
+        return _evaluate(job, options)
+    _run_in_child(checks, options, workdir, write_fd)
+
+
+def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
+    def traced() -> dict:
+        from filters.harness import trace
+        sys.addaudithook(_refuse_escapes(workdir))
+        return {"passed": True, "stage": "accepted", "reason": "", "detail": "",
+                "metrics": {"op_graph": trace(job["code"])}}
+    _run_in_child(traced, options, workdir, write_fd)
+
+
+def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
+    """In a forked child: leave the zygote's process group and descriptors behind, take the
+    job's folder and limits, write `body()`'s result on the job's pipe, and exit."""
     try:
         os.setpgid(0, 0)
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         _own_folders(workdir)
         _limit(options)
-        result = _evaluate(job, options)
+        result = body()
     except BaseException as error:  # SystemExit, KeyboardInterrupt from the task: a crash, not ours
         result = failure("crashed", f"{type(error).__name__}: {error}"[:MAX_DETAIL])
     try:
@@ -285,6 +332,9 @@ def _own_folders(workdir: str) -> None:
     os.environ.update(TMPDIR=workdir, CUDA_CACHE_PATH=os.path.join(workdir, "cuda"))
     tempfile.tempdir = workdir
     use_compiler_caches(os.path.join(workdir, "inductor"))
+    # headers the zygote built are remembered in memory and read from its folder; any other
+    # (a zygote that never compiled: on a GPU host) is built here, for this job alone
+    _keep_precompiled_headers(os.path.join(workdir, "precompiled-headers"))
 
 
 def _limit(options: dict) -> None:
@@ -318,6 +368,17 @@ def _refuse_escapes(workdir: str):
 
 
 # -- start ---------------------------------------------------------------------------------
+
+def _check_vector_instructions() -> None:
+    """Inductor tries which vector instructions the CPU runs by loading a test build in a
+    Python subprocess, once per process. Done here, children inherit the answer and never
+    start Python (the audit hook would refuse it) on a zygote that did not compile."""
+    try:
+        from torch._inductor import cpu_vec_isa
+        cpu_vec_isa.pick_vec_isa()
+    except Exception:  # an older torch, or no compiler: the children's compiles will say so
+        pass
+
 
 def _keep_precompiled_headers(folder: str) -> None:
     """Inductor precompiles its C++ headers once per process (about 150 MB, seconds of gcc,
@@ -359,6 +420,7 @@ def main() -> None:
             warmed = f"failed: {type(error).__name__}: {error}"
     from filters.harness import WARM_UP_TASK, trace
     trace(WARM_UP_TASK)  # tracing on the meta device touches no GPU: every child traces warm
+    _check_vector_instructions()
     if torch.cuda.is_initialized():  # a forked child could never use the GPU
         raise SystemExit("opsynth worker: CUDA was initialised before the first job; children could not use it")
     warmed += f" in {time.monotonic() - began:.1f} s"

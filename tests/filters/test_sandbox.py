@@ -3,7 +3,7 @@ that slipped by it): each is caught with a reason, leaves nothing for the next j
 no secret, and benign work in the same run goes on."""
 import json
 import os
-import signal
+import time
 
 import pytest
 
@@ -167,3 +167,26 @@ def test_the_gpu_timing_gate_works_inside_the_jail(cache_dir, tmp_path, monkeypa
     assert result["passed"] and result["metrics"]["compile_max_diff"] <= 1e-2, result
     assert result["metrics"]["gpu_alone_ms"] > 0 and result["metrics"]["gate_wait_ms"] >= 0
     assert sorted(p.name for p in locks.iterdir()) == ["gpu7.lock", "gpu7.lock.gate"]
+
+
+def test_a_hang_that_holds_the_gpu_gate_costs_only_its_own_job(cache_dir, tmp_path):
+    """The gate runs on the CPU here with the same code as on a GPU. A task hanging in its
+    forward holds the gate, so the other worker's timing waits behind it: the hang is ended
+    when its step passes the step limit, and the waiting task's own limit does not count the
+    wait (8 s here: it waits about that long for the hang's own limit, then compiles)."""
+    hang = make_task("while True:\n    pass")
+    options = sandbox_options(cache_dir, timeout_s=8, warm_up=False, timing_lock_dir=str(tmp_path / "locks"))
+    with WorkerPool(2, options) as pool:
+        for worker in pool.workers:
+            worker.start()
+        for step_limit, ended_by in ((3, "held the GPU gate past its limit"), (100, "of its own work")):
+            config = {**FAST, "gate_step_limit_s": step_limit}
+            hung = pool.submit({"code": hang, "config": config})
+            time.sleep(0.5)  # the hang holds the gate first
+            began = time.monotonic()
+            compiled = {"window_ms": [1e-6, 1e6], "gate_step_limit_s": step_limit}
+            benign = pool.submit({"code": BENIGN, "config": compiled}).result()
+            assert benign["passed"], (step_limit, benign)
+            assert ended_by in hung.result()["detail"], hung.result()
+            if step_limit == 100:
+                assert time.monotonic() - began > 8 and benign["metrics"]["gate_wait_ms"] > 4000, benign["metrics"]
