@@ -95,6 +95,8 @@ def main() -> None:
         "victim_files_exist": [str(p) for p in (victim, home_victim) if p.exists()],
         "run_survived": True,
         "benign_compiled_ms": results["benign"]["metrics"].get("compile_ms"),
+        "benign_op_graph": results["benign"]["metrics"].get("op_graph"),
+        "gate_wait_s": {name: round((r["metrics"].get("gate_wait_ms") or 0) / 1e3, 1) for name, r in results.items()},
         "pool_start_s": round(start_s, 1),
         "batch": {"jobs": args.jobs, "workers": args.workers, "passed": sum(r["passed"] for r in timed),
                   "wall_s": round(batch_s, 1), "s_per_job": round(batch_s / args.jobs, 2),
