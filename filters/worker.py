@@ -420,7 +420,8 @@ def main() -> None:
             warmed = f"failed: {type(error).__name__}: {error}"
     from filters.harness import WARM_UP_TASK, trace
     trace(WARM_UP_TASK)  # tracing on the meta device touches no GPU: every child traces warm
-    _check_vector_instructions()
+    if not options.get("device", "cpu").startswith("cuda"):  # 50 s of gcc on the H200 host, for C++ kernels
+        _check_vector_instructions()
     if torch.cuda.is_initialized():  # a forked child could never use the GPU
         raise SystemExit("opsynth worker: CUDA was initialised before the first job; children could not use it")
     warmed += f" in {time.monotonic() - began:.1f} s"
