@@ -83,16 +83,21 @@ def false_positives(reference, threshold) -> None:
             print(f"    {a} ~ {b}")
 
 
-def candidates(count, pool, cache) -> list:
+def template_codes(count: int, seed: int) -> list[str]:
+    """The first `count` template candidates the torch catalog composes with `seed`."""
     composer = TemplateComposer(crawl(["torch"])[0])
     codes = []
     for i in itertools.count():
         if len(codes) == count:
-            break
+            return codes
         try:
-            codes.append(composer.compose(i, 0).code)
+            codes.append(composer.compose(i, seed).code)
         except CompositionFailed:
             continue
+
+
+def candidates(count, pool, cache) -> list:
+    codes = template_codes(count, 0)
     began = time.perf_counter()
     graphs = trace_all(codes, pool, cache)
     print(f"\n{count} template candidates traced in {time.perf_counter() - began:.0f} s "
@@ -126,15 +131,7 @@ def speed(fingerprints, index, threshold, count: int = 10_000) -> None:
 
 def _fingerprint_time() -> float:
     """Seconds to fingerprint one candidate (parse, canonicalise, encode), over 200 of them."""
-    composer = TemplateComposer(crawl(["torch"])[0])
-    codes = []
-    for i in itertools.count():
-        if len(codes) == 200:
-            break
-        try:
-            codes.append(composer.compose(i, 1).code)
-        except CompositionFailed:
-            continue
+    codes = template_codes(200, 1)
     began = time.perf_counter()
     for i, code in enumerate(codes):
         fingerprint(code, str(i), "mm add relu")
