@@ -7,8 +7,8 @@ KEEP = {"torch", "nn", "F", "math", "self", "Model", "forward", "__init__", "get
 
 
 class _Disguise(ast.NodeTransformer):
-    def __init__(self, assigned_attributes):
-        self.attributes = assigned_attributes
+    def __init__(self, assigned_attributes, renumber: bool = True):
+        self.attributes, self.renumber = assigned_attributes, renumber
 
     def _new(self, name):
         return name if name in KEEP else f"renamed_{name}"
@@ -28,7 +28,7 @@ class _Disguise(ast.NodeTransformer):
         return node
 
     def visit_Constant(self, node):
-        if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        if self.renumber and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             node.value = node.value * 2 + 1 if isinstance(node.value, int) else node.value * 1.5
         return node
 
@@ -41,16 +41,17 @@ class _Disguise(ast.NodeTransformer):
     visit_ClassDef = visit_FunctionDef
 
 
-def disguise(code: str) -> str:
-    """Rename every local name and attribute, change every number, drop docstrings and
-    reformat (ast.unparse puts every statement in its canonical layout)."""
+def disguise(code: str, renumber: bool = True) -> str:
+    """Rename every local name and attribute, change every number (unless `renumber` is
+    False: then the computation is unchanged), drop docstrings and reformat (ast.unparse
+    puts every statement in its canonical layout)."""
     tree = ast.parse(code)
     imported = {alias.asname or alias.name.split(".")[0] for n in ast.walk(tree)
                 if isinstance(n, (ast.Import, ast.ImportFrom)) for alias in n.names}
     attributes = {t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
                   if isinstance(t, ast.Attribute)}
     KEEP.update(imported)
-    return ast.unparse(_Disguise(attributes).visit(tree))
+    return ast.unparse(_Disguise(attributes, renumber).visit(tree))
 
 
 # -- one disguise of each kind, for decontamination's tests and benchmark -------------------
@@ -127,13 +128,19 @@ def reordered(code: str) -> str:
     return ast.unparse(tree)
 
 
+def renamed(code: str) -> str:
+    """Every local name and attribute renamed, docstrings dropped, reformatted; the numbers
+    kept, so the computation is the same."""
+    return disguise(code, renumber=False)
+
+
 def everything(code: str) -> str:
-    """Renamed and renumbered first (that would undo an identity op), then every other kind."""
-    return products(aliased(identity(helper(reordered(disguise(code))))))
+    """Every kind above at once, the computation unchanged."""
+    return products(aliased(identity(helper(reordered(renamed(code))))))
 
 
 KINDS = {"products": products, "aliased": aliased, "identity": identity, "helper": helper, "reordered": reordered,
-         "renamed": disguise, "everything": everything}
+         "renamed": renamed, "renumbered": disguise, "everything": everything}
 
 
 def _method(tree: ast.Module, name: str) -> ast.FunctionDef:
