@@ -122,7 +122,7 @@ class _ValidateFn(beam.DoFn):
     known, so no worker waits for the slowest candidate of a batch. Twice as many
     candidates as workers are in flight; the rest wait in Beam."""
 
-    def __init__(self, sandbox, check_config, workers, gpus, store_dir, libraries):
+    def __init__(self, sandbox, check_config, workers, gpus, store_dir, libraries=frozenset()):
         self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
         self.store_dir, self.libraries = store_dir, libraries
 
