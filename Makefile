@@ -12,6 +12,7 @@ STAMP := $(VENV)/.opsynth-installed
 .PHONY: install run test bench clean
 
 $(STAMP): pyproject.toml Makefile
+	@ldconfig -p | grep -q 'libseccomp\.so\.2' || { echo "opsynth's sandbox needs libseccomp: apt-get install libseccomp2 (or your distribution's libseccomp package)" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")

@@ -2,16 +2,17 @@
 
 Started by `filters.sandbox` inside the jail (`filters.jail`) as
 `python -m filters.worker JOB_FD RESULT_FD OPTIONS_JSON`. The zygote drops to an
-unprivileged uid, imports torch and runs every check once on a built-in task (on the CPU:
-a GPU is never touched by the zygote, so its children may use it). Then, for each job, it
-forks a child that:
+unprivileged uid, imports torch and, on a CPU host, runs every check once on a built-in task
+(on a GPU host it only imports: compiling makes Dynamo ask the CUDA runtime about the GPU,
+and no child forked after that can use it). Then, for each job, it forks a child that:
 - leaves its own process group and closes every descriptor but stderr and a pipe made for
   this job alone, so the zygote's channels are out of its reach;
 - works in a fresh folder that is also its TMPDIR and its compiler caches (nothing a
   later job reads), under a memory limit and an audit hook that refuses processes, sockets
   and introspection routes the static check already forbids;
 - runs the checks and writes one result on its pipe, then exits.
-The zygote bounds the child's time and memory, kills its process group, wipes whatever it
+A second child of the same kind traces what an accepted task computes (its op sequence, for
+decontamination), under a hard time limit of its own. The zygote bounds the child's time and memory, kills its process group, wipes whatever it
 left in /tmp and /dev/shm, checks the result's shape (`check_result`) and sends it on,
 tagged with the job's id. No state a task can change outlives its job: every child starts
 from the zygote as it was after its warm-up.
@@ -19,7 +20,6 @@ from the zygote as it was after its warm-up.
 from __future__ import annotations
 
 import errno
-import gc
 import json
 import math
 import mmap

@@ -23,7 +23,7 @@ from dataclasses import replace
 from filters.decontaminate import SimilarityIndex
 from filters.reference import load_reference, trace_all, traced
 from filters.sandbox import SandboxOptions, WorkerPool
-from filters.similarity import encode, fingerprint, score, textual_similarity
+from filters.similarity import fingerprint, score, textual_similarity
 from operators.catalog import crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
 from tests.disguise import KINDS
