@@ -85,6 +85,9 @@ def command(argv: list[str], *, gpu: bool, env: dict[str, str], seccomp_fd: int,
         args += ["--perms", "0755", "--dir", folder]
     for path in sorted(bound, key=len):
         args += ["--ro-bind", path, path]
+    for folder in dict.fromkeys((*HIDDEN, _home())):  # a home inside the project, say: hidden again
+        if folder and any(folder.startswith(path + "/") for path in bound) and os.path.isdir(folder):
+            args += ["--perms", "0755", "--tmpfs", folder]
     if gpu:
         for node in sorted(glob.glob("/dev/nvidia*")):
             args += ["--dev-bind", node, node]
