@@ -29,10 +29,10 @@ from typing import Any, Callable
 
 from filters import jail
 from filters.resize import with_constant
-from filters.worker import MAX_DETAIL, check_result, failure, receive, send
+from filters.worker import MAX_DETAIL, check_result, failure, longest_job_s, receive, send
 
 POLL_S = 0.2
-BACKSTOP_S = 30.0  # past a job's own limit, enforced by its zygote, the pool replaces the worker
+BACKSTOP_S = 30.0  # past the longest job its zygote allows, the pool replaces the worker
 MAX_LOG_BYTES = 4 << 20  # what one worker may write to workers.log
 WORKER_ENV = {
     "PYTHONUNBUFFERED": "1",
@@ -166,11 +166,12 @@ class Worker:
         self.process = None
 
     def _await_result(self, job: dict, job_id: str) -> dict:
-        outcome = self._read(self.options.timeout_s + BACKSTOP_S)
-        if outcome == "timeout":
+        backstop_s = longest_job_s(self.options.timeout_s) + BACKSTOP_S
+        outcome = self._read(backstop_s)
+        if outcome == "timeout":  # the zygote kept no limit of its own: the worker is not trusted
             self.stop()
-            return _finish(job, failure("timeout", f"no result within {self.options.timeout_s:.0f} s; "
-                                                   "the worker was killed"))
+            return _finish(job, failure("timeout", f"the worker gave no result within {backstop_s:.0f} s; "
+                                                   "it was killed"))
         if not isinstance(outcome, dict):
             return self._died(job)
         if outcome.get("job") != job_id:  # a worker that answers out of turn is not trusted again

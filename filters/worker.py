@@ -42,6 +42,7 @@ MAX_OP_GRAPH = 20_000  # characters of a traced op sequence: a level-3 network h
 TRACE_LIMIT_S = 20
 MAX_DETAIL = 500
 POLL_S = 0.1
+EXIT_GRACE_S = 5  # a child that closed its pipe has this long to exit
 ZYGOTE_DIR = "/tmp/zygote"
 # Programs the compiler may start (Inductor's C++ build, Triton's ptxas and its libcuda lookup).
 COMPILER_PROGRAMS = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++", "ld", "ld.bfd", "ld.gold", "as",
@@ -110,6 +111,12 @@ def check_result(raw: object, reasons: dict[str, frozenset[str]]) -> dict | None
             return None
         clean[name] = value
     return {"passed": passed, "stage": stage, "reason": reason, "detail": detail[:MAX_DETAIL], "metrics": clean}
+
+
+def longest_job_s(timeout_s: float) -> float:
+    """The longest a job may take in a zygote that keeps its limits: its own work, as long
+    again waiting at the GPU gate, the trace, and the wait for each child's exit status."""
+    return 2 * timeout_s + TRACE_LIMIT_S + 2 * EXIT_GRACE_S
 
 
 def failure(reason: str, detail: str) -> dict:
@@ -220,7 +227,7 @@ def _await_child(child: int, read_fd: int, options: dict, reasons, gate_wait: mm
 
 
 def _exit_status(child: int, deadline: float) -> int | None:
-    while time.monotonic() < deadline + 5:
+    while time.monotonic() < deadline + EXIT_GRACE_S:
         pid, status = os.waitpid(child, os.WNOHANG)
         if pid:
             return status
