@@ -175,7 +175,8 @@ def test_a_hang_that_holds_the_gpu_gate_costs_only_its_own_job(cache_dir, tmp_pa
     when its step passes the step limit, and the waiting task's own limit does not count the
     wait (8 s here: it waits about that long for the hang's own limit, then compiles)."""
     hang = make_task("while True:\n    pass")
-    options = sandbox_options(cache_dir, timeout_s=8, warm_up=False, timing_lock_dir=str(tmp_path / "locks"))
+    # warm workers: a cold first compile alone can take most of the 8 s on this CPU
+    options = sandbox_options(cache_dir, timeout_s=8, timing_lock_dir=str(tmp_path / "locks"))
     with WorkerPool(2, options) as pool:
         for worker in pool.workers:
             worker.start()
