@@ -75,18 +75,18 @@ def command(argv: list[str], *, gpu: bool, env: dict[str, str], seccomp_fd: int,
     args += (["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if as_root
              else ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"])
     args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for folder in dict.fromkeys((*HIDDEN, _home())):
-        if folder and os.path.isdir(folder):
-            size = ["--size", str(TMP_SIZE)] if folder == "/tmp" else []
-            args += ["--perms", "1777" if folder == "/tmp" else "0755", *size, "--tmpfs", folder]
+    hidden = _hidden()
+    for folder in hidden:
+        size = ["--size", str(TMP_SIZE)] if folder == "/tmp" else []
+        args += ["--perms", "1777" if folder == "/tmp" else "0755", *size, "--tmpfs", folder]
     args += ["--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm"]
-    bound = _bound_back(readable) if bind_python else set()
-    for folder in sorted(_ancestors(bound), key=len):  # bwrap would make them 0700: unreadable after the drop
+    bound = _bound_back(readable, hidden) if bind_python else set()
+    for folder in sorted(_ancestors(bound, hidden), key=len):  # bwrap would make them 0700: unreadable after the drop
         args += ["--perms", "0755", "--dir", folder]
     for path in sorted(bound, key=len):
         args += ["--ro-bind", path, path]
-    for folder in dict.fromkeys((*HIDDEN, _home())):  # a home inside the project, say: hidden again
-        if folder and any(folder.startswith(path + "/") for path in bound) and os.path.isdir(folder):
+    for folder in hidden:  # a home inside the project, say: hidden again
+        if any(folder.startswith(path + "/") for path in bound):
             args += ["--perms", "0755", "--tmpfs", folder]
     if gpu:
         for node in sorted(glob.glob("/dev/nvidia*")):
@@ -110,17 +110,18 @@ def environment(extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
-def _home() -> str | None:
+def _hidden() -> list[str]:
+    """The folders the jail replaces by empty ones: HIDDEN and this user's home, where they exist."""
     home = os.environ.get("HOME")
-    return os.path.realpath(home) if home and os.path.realpath(home) != "/" else None
+    home = os.path.realpath(home) if home and os.path.realpath(home) != "/" else None
+    return [folder for folder in dict.fromkeys((*HIDDEN, home)) if folder and os.path.isdir(folder)]
 
 
-def _bound_back(readable: tuple[str, ...]) -> set[str]:
+def _bound_back(readable: tuple[str, ...], hidden: list[str]) -> set[str]:
     """The Python installation, opsynth's code and `readable`, where they lie under a hidden
     folder (a pyenv Python under /root, a venv in the user's home, wheels under /tmp)."""
     needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, PROJECT_ROOT, *sys.path,
               os.path.dirname(os.path.realpath(sys.executable)), *readable]
-    hidden = [h for h in (*HIDDEN, _home()) if h]
     bound = set()
     for path in needed:
         for candidate in {path, os.path.realpath(path)} if path else ():
@@ -129,9 +130,8 @@ def _bound_back(readable: tuple[str, ...]) -> set[str]:
     return bound
 
 
-def _ancestors(paths: set[str]) -> set[str]:
+def _ancestors(paths: set[str], hidden: list[str]) -> set[str]:
     """The folders between a hidden folder and each path bound back under it."""
-    hidden = [h for h in (*HIDDEN, _home()) if h]
     folders = set()
     for path in paths:
         parent = os.path.dirname(path)
