@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from filters.similarity import Fingerprint, encode, fingerprint
+from filters.similarity import Fingerprint, fingerprint, with_graph
 from filters.store import JsonStore
 
 GRAPH_VERSION = 1  # bump when filters/op_graph.py canonicalises differently
@@ -39,8 +39,7 @@ def traced(reference: ReferenceSet, pool, cache_dir: str | Path) -> ReferenceSet
     """`reference` with each task's op sequence, traced in the sandbox (reference code is
     code from outside too: a Hub dataset is anyone's). Cached by code and torch version."""
     graphs = trace_all(list(reference.codes), pool, cache_dir)
-    fingerprints = tuple(replace(fp, graph=encode(graph.split())) if graph else fp
-                         for fp, graph in zip(reference.fingerprints, graphs))
+    fingerprints = tuple(with_graph(fp, graph) for fp, graph in zip(reference.fingerprints, graphs))
     done = sum(bool(g) for g in graphs)
     if done < len(graphs):
         log.info("reference %s: %d of %d tasks traced; the rest keep the textual score", reference.source, done,

@@ -35,7 +35,7 @@ import builtins
 import hashlib
 import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from rapidfuzz import process
@@ -74,6 +74,11 @@ def fingerprint(code: str, name: str = "", graph: str | None = None) -> Fingerpr
     ops = tuple(sorted(_model_ops(tree).items()))
     return Fingerprint(name, encode(tokens), ops, hashlib.sha256("\x00".join(tokens).encode()).hexdigest()[:16],
                        encode(graph.split()) if graph else "")
+
+
+def with_graph(fp: Fingerprint, graph: str | None) -> Fingerprint:
+    """`fp` with its traced op sequence (space-separated op names), if it was traced."""
+    return replace(fp, graph=encode(graph.split())) if graph else fp
 
 
 def score(a: Fingerprint, b: Fingerprint) -> float:

@@ -6,11 +6,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataclasses import replace
-
 from filters.decontaminate import SimilarityIndex, decontaminate, dedupe
 from filters.reference import ReferenceSetError, fingerprint_all, load_reference, read_tasks, trace_all, traced
-from filters.similarity import encode
+from filters.similarity import with_graph
 
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
@@ -27,7 +25,7 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     fingerprints, unparsable = fingerprint_all(named)
     codes = dict(named)
     graphs = trace_all([codes[fp.name] for fp in fingerprints], pool, cache_dir)
-    computed = [replace(fp, graph=encode(graph.split())) if graph else fp for fp, graph in zip(fingerprints, graphs)]
+    computed = [with_graph(fp, graph) for fp, graph in zip(fingerprints, graphs)]
     matches = decontaminate(computed, SimilarityIndex(reference.fingerprints), threshold)
     duplicates = dedupe(fingerprints, dedupe_threshold)
     rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,
