@@ -12,8 +12,8 @@ and no child forked after that can use it). Then, for each job, it forks a child
   and introspection routes the static check already forbids;
 - runs the checks and writes one result on its pipe, then exits.
 A second child of the same kind traces what an accepted task computes (its op sequence, for
-decontamination), under a hard time limit of its own. The zygote bounds the child's time and memory, kills its process group, wipes whatever it
-left in /tmp and /dev/shm, checks the result's shape (`check_result`) and sends it on,
+decontamination), under a hard time limit of its own. The zygote bounds each child's time
+and memory, kills its process group, wipes whatever it left in /tmp and /dev/shm, checks the result's shape (`check_result`) and sends it on,
 tagged with the job's id. No state a task can change outlives its job: every child starts
 from the zygote as it was after its warm-up.
 """
@@ -119,6 +119,10 @@ def longest_job_s(timeout_s: float) -> float:
     return 2 * timeout_s + TRACE_LIMIT_S + 2 * EXIT_GRACE_S
 
 
+def accepted(metrics: dict) -> dict:
+    return {"passed": True, "stage": "accepted", "reason": "", "detail": "", "metrics": metrics}
+
+
 def failure(reason: str, detail: str) -> dict:
     return {"passed": False, "stage": "sandbox", "reason": reason, "detail": detail, "metrics": {}}
 
@@ -143,15 +147,13 @@ def serve(job_fd: int, result_fd: int, options: dict) -> None:
 
 
 def _snapshot(folder: str) -> dict:
-    """Every file and folder under `folder` with what no task can forge: inode, size, times."""
-    info = os.lstat(folder)
-    found = {folder: (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)}
-    for root, folders, files in os.walk(folder):
-        for name in folders + files:
-            path = os.path.join(root, name)
-            info = os.lstat(path)
-            found[path] = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
-    return found
+    """`folder` and everything under it with what no task can forge: inode, size, times."""
+    paths = [folder, *(os.path.join(root, name) for root, folders, files in os.walk(folder) for name in folders + files)]
+    return {path: _identity(os.lstat(path)) for path in paths}
+
+
+def _identity(info: os.stat_result) -> tuple:
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode
 
 
 def run_job(job: dict, options: dict, reasons) -> dict:
@@ -159,7 +161,7 @@ def run_job(job: dict, options: dict, reasons) -> dict:
     with what the task computes, traced in a second child: a trace that fails or hangs never
     changes a verdict."""
     if job["config"].get("trace_only"):
-        outcome = {"passed": True, "stage": "accepted", "reason": "", "detail": "", "metrics": {}}
+        outcome = accepted({})
     else:
         outcome = _in_child(job, options, reasons, _child)
     if outcome["passed"]:
@@ -296,8 +298,7 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wai
     def traced() -> dict:
         from filters.harness import trace
         sys.addaudithook(_refuse_escapes(workdir))
-        return {"passed": True, "stage": "accepted", "reason": "", "detail": "",
-                "metrics": {"op_graph": trace(job["code"])}}
+        return accepted({"op_graph": trace(job["code"])})
     _run_in_child(traced, options, workdir, write_fd)
 
 
