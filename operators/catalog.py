@@ -5,7 +5,9 @@ import hashlib
 import json
 import logging
 import warnings
+from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +18,7 @@ from operators.records import InlinedOp, OpSpec, SkippedOp
 from operators.sources import library_name, source_for
 
 log = logging.getLogger(__name__)
-CATALOG_VERSION = "6"  # bump when probing rules change, so cached catalogs are rebuilt
+CATALOG_VERSION = "7"  # bump when probing rules change, so cached catalogs are rebuilt
 
 CATALOG_SCHEMA = pa.schema([
     ("name", pa.string()), ("library", pa.string()), ("kind", pa.string()),
@@ -24,7 +26,7 @@ CATALOG_SCHEMA = pa.schema([
     ("layouts", pa.list_(pa.string())), ("keeps_rank", pa.list_(pa.string())),
     ("init_args", pa.string()), ("call_args", pa.string()),
     ("output_shape", pa.list_(pa.int64())), ("output_dtype", pa.string()), ("seed_code", pa.string()),
-    ("definitions", pa.string()), ("output_item", pa.int64()),
+    ("definitions", pa.string()), ("output_item", pa.int64()), ("source", pa.string()),
 ])
 
 
@@ -39,17 +41,18 @@ def crawl(libraries: list[str]) -> tuple[list[OpSpec], list[SkippedOp]]:
                 name = entry[0] if isinstance(entry, tuple) else entry.name
                 if isinstance(results.get(name), OpSpec):
                     continue
-                result = _probe_entry(entry, library_name(library))
+                result = _probe_entry(entry, name.split(".")[0] if isinstance(entry, tuple) else None)
                 if name not in results or isinstance(result, OpSpec):
-                    results[name] = result
+                    results[name] = replace(result, source=library)
     specs = [r for r in results.values() if isinstance(r, OpSpec)]
     skipped = [r for r in results.values() if isinstance(r, SkippedOp)]
     log.info("crawled %s: %d runnable, %d skipped", ",".join(libraries), len(specs), len(skipped))
     return specs, skipped
 
 
-def _probe_entry(entry, library: str) -> OpSpec | SkippedOp:
-    """A source entry is (name, object[, call recipe]), an InlinedOp or an already decided SkippedOp."""
+def _probe_entry(entry, library: str | None) -> OpSpec | SkippedOp:
+    """A source entry is (name, object[, call recipe]), an InlinedOp or an already decided SkippedOp.
+    The library of a named entry is the package its name starts with."""
     if isinstance(entry, SkippedOp):
         return entry
     if isinstance(entry, InlinedOp):
@@ -63,7 +66,7 @@ def write_catalog(path: Path, specs: list[OpSpec], skipped: list[SkippedOp]) -> 
     rows += [{"name": s.name, "library": s.library, "kind": s.kind, "runnable": False,
               "skip_reason": s.reason, "skip_detail": s.detail, "layouts": [], "keeps_rank": [],
               "init_args": "{}", "call_args": "{}", "output_shape": [], "output_dtype": "", "seed_code": "",
-              "definitions": "", "output_item": None}
+              "definitions": "", "output_item": None, "source": s.source}
              for s in skipped]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -100,22 +103,18 @@ def _version(package: str) -> str:
 
 
 def coverage_summary(path, top: int = 8) -> str:
-    """Runnable ops per library and kind, families for inlined libraries, and the top skip reasons."""
-    rows = pq.read_table(path, columns=["name", "library", "kind", "runnable", "skip_reason"]).to_pylist()
+    """Runnable ops per --library value and kind, families for inlined libraries, and the top skip reasons."""
+    rows = pq.read_table(path, columns=["name", "source", "kind", "runnable", "skip_reason"]).to_pylist()
     lines = []
-    for library in sorted({row["library"] for row in rows}):
-        mine = [row for row in rows if row["library"] == library]
+    for source in sorted({row["source"] for row in rows}):
+        mine = [row for row in rows if row["source"] == source]
         runnable = [row for row in mine if row["runnable"]]
         kinds = ", ".join(f"{sum(r['kind'] == kind for r in runnable)} {kind}s" for kind in ("module", "function"))
         families = {row["name"].split(".")[2] for row in runnable if row["name"].startswith("transformers.models.")}
-        lines.append(f"{library}: {len(runnable)} runnable ({kinds})"
+        lines.append(f"{source}: {len(runnable)} runnable ({kinds})"
                      + (f" from {len(families)} model families" if families else "")
                      + f", {len(mine) - len(runnable)} skipped")
-        reasons: dict[str, int] = {}
-        for row in mine:
-            if not row["runnable"]:
-                reasons[row["skip_reason"]] = reasons.get(row["skip_reason"], 0) + 1
-        ranked = sorted(reasons.items(), key=lambda item: -item[1])[:top]
-        if ranked:
-            lines.append("  skipped: " + ", ".join(f"{reason} {count}" for reason, count in ranked))
+        reasons = Counter(row["skip_reason"] for row in mine if not row["runnable"])
+        if reasons:
+            lines.append("  skipped: " + ", ".join(f"{reason} {count}" for reason, count in reasons.most_common(top)))
     return "\n".join(lines)

@@ -19,7 +19,8 @@ class OpSpec:
     probed on and ran; `keeps_rank` those where its output has the input's rank (so it can
     sit mid-chain). `definitions` is self-contained source defining the op (an inlined
     library class) when the op is not importable from torch; `output_item` picks the
-    tensor out of an op that returns a tuple.
+    tensor out of an op that returns a tuple. `library` is the package the op belongs to
+    (the first part of its name), `source` the --library value that crawled it.
     """
 
     name: str
@@ -34,6 +35,7 @@ class OpSpec:
     seed_code: str = ""
     definitions: str = ""
     output_item: int | None = None
+    source: str = ""  # the --library value it was crawled from (`torch.special`, `kornia.filters`)
 
     def to_row(self) -> dict:
         row = asdict(self)
@@ -59,6 +61,7 @@ class OpSpec:
             seed_code=row["seed_code"],
             definitions=row.get("definitions") or "",
             output_item=row.get("output_item"),
+            source=row.get("source") or "",
         )
 
 
@@ -71,6 +74,7 @@ class SkippedOp:
     kind: str
     reason: str
     detail: str = ""
+    source: str = ""
 
 
 @dataclass(frozen=True)

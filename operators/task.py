@@ -113,6 +113,11 @@ def extra_import(spec: OpSpec) -> str | None:
     return f"import {spec.name.rsplit('.', 1)[0]}"
 
 
+def imported_packages(specs) -> frozenset[str]:
+    """The top-level packages, other than torch, that tasks built from these ops import."""
+    return frozenset(spec.name.split(".")[0] for spec in specs if extra_import(spec))
+
+
 def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) -> str:
     slugs = _unique_slugs(chain)
     init_constants = [

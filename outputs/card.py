@@ -83,9 +83,11 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         "no dead parameter or redundant op, `torch.compile` agreement), then matched against the reference "
         "benchmark and deduplicated.",
         "",
-        *_table(["ops", "samples"], stats["op_count_mix"].items()),
+        *_table(["ops", "samples", "share", "target share"], _op_count_rows(stats)),
         "",
         *_plot(plots, "op_count_mix"),
+        *_op_frequency(stats),
+        *_plot(plots, "op_frequency"),
         *_table(["library", "samples"], stats["library_mix"].items()),
         "",
         *_plot(plots, "library_mix"),
@@ -110,6 +112,23 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
     return lines
 
 
+def _op_count_rows(stats: dict):
+    counts, target = stats["op_count_mix"], stats.get("op_count_target") or {}
+    total = sum(counts.values()) or 1
+    for key in sorted(set(counts) | set(target), key=int):
+        yield key, counts.get(key, 0), f"{counts.get(key, 0) / total:.3f}", target.get(key, "")
+
+
+def _op_frequency(stats: dict) -> list[str]:
+    if not stats.get("op_frequency"):
+        return []
+    heavy = stats.get("compute_heavy_share")
+    return [f"The {len(stats['op_frequency'])} most frequent ops; "
+            + (f"{heavy:.1%} of samples hold a compute-heavy op (a matmul, convolution, attention, recurrent "
+               "cell or normalisation)." if heavy is not None else ""), "",
+            *_table(["op", "samples"], stats["op_frequency"].items()), ""]
+
+
 def _decontamination(stats: dict) -> list[str]:
     if stats.get("decontaminated"):
         return [f"Decontaminated against `{stats['reference']}` (revision `{stats['reference_revision']}`): no "
@@ -124,10 +143,10 @@ def _decontamination(stats: dict) -> list[str]:
 def _provenance(stats: dict) -> list[tuple[str, str]]:
     versions = stats["versions"]
     return [
-        ("opsynth", versions["opsynth"]), ("torch", versions["torch"]),
-        ("transformers", versions["transformers"]), ("apache-beam", versions["apache_beam"]),
-        ("python", versions["python"]), ("device", stats["device"]),
-        ("composer", stats["composer"]), ("seed", str(stats["seed"])),
+        *((package.replace("_", "-"), value) for package, value in versions.items() if package != "platform"),
+        ("device", stats["device"]),
+        ("composer", stats["composer"] + (f" ({stats['sampling']} sampling)" if stats.get("sampling") else "")),
+        ("seed", str(stats["seed"])),
         ("timing window (ms)", f"{stats['window_ms'][0]}-{stats['window_ms'][1]}"),
         ("determinism tolerance", str(stats["determinism_tol"])),
         ("reference set", f"{stats['reference']} @ {stats['reference_revision']}" if stats.get("reference") else "none"),

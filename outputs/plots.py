@@ -9,11 +9,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 PLOTS = {
-    "op_count_mix": "Accepted samples by number of fused ops",
+    "op_count_mix": "Accepted samples by number of fused ops, against the target mix",
+    "op_frequency": "The most frequent ops of the accepted samples",
     "library_mix": "Accepted samples by library",
     "eager_ms": "Median eager time of accepted samples",
     "funnel": "Rejected candidates by reason",
 }
+BLUE, GREY = "#4c72b0", "#bbbbbb"
 
 
 def make_plots(stats: dict, folder: Path) -> dict[str, str]:
@@ -21,23 +23,62 @@ def make_plots(stats: dict, folder: Path) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     histogram = stats["eager_ms_histogram"]
     edges = histogram["edges"]
-    series = {
-        "op_count_mix": (list(stats["op_count_mix"]), list(stats["op_count_mix"].values()), "ops fused"),
+    bars = {
         "library_mix": (list(stats["library_mix"]), list(stats["library_mix"].values()), "library"),
         "eager_ms": ([f"{edges[i]}-{edges[i + 1]}" for i in range(len(edges) - 1)], histogram["counts"], "ms"),
         "funnel": (list(stats["rejected_by_reason"]), list(stats["rejected_by_reason"].values()), "reason"),
     }
     paths = {}
-    for name, (labels, values, xlabel) in series.items():
-        figure, axes = plt.subplots(figsize=(6, 3.2), dpi=100)
-        axes.bar(range(len(values)), values, color="#4c72b0")
-        axes.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center")
-        axes.set_title(PLOTS[name])
+    for name, (labels, values, xlabel) in bars.items():
+        figure, axes = _figure(name)
+        axes.bar(range(len(values)), values, color=BLUE)
+        axes.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0,
+                        ha="right" if len(labels) > 4 else "center")
         axes.set_xlabel(xlabel)
         axes.set_ylabel("count")
         axes.yaxis.get_major_locator().set_params(integer=True)
-        figure.tight_layout()
-        figure.savefig(folder / f"{name}.png")
-        plt.close(figure)
-        paths[name] = f"{folder.name}/{name}.png"
+        paths[name] = _save(figure, folder, name)
+    paths["op_count_mix"] = _op_count_mix(stats, folder)
+    paths["op_frequency"] = _op_frequency(stats, folder)
     return paths
+
+
+def _op_count_mix(stats: dict, folder: Path) -> str:
+    """Share of accepted samples per op count beside the share the run aimed at."""
+    counts = stats["op_count_mix"]
+    target = stats.get("op_count_target") or {}
+    keys = sorted(set(counts) | set(target), key=int)
+    total = sum(counts.values()) or 1
+    figure, axes = _figure("op_count_mix")
+    positions = range(len(keys))
+    axes.bar([p - 0.2 for p in positions], [counts.get(k, 0) / total for k in keys], 0.4, color=BLUE, label="accepted")
+    axes.bar([p + 0.2 for p in positions], [target.get(k, 0) for k in keys], 0.4, color=GREY, label="target")
+    axes.set_xticks(list(positions), keys)
+    axes.set_xlabel("ops fused")
+    axes.set_ylabel("share of samples")
+    axes.legend()
+    return _save(figure, folder, "op_count_mix")
+
+
+def _op_frequency(stats: dict, folder: Path) -> str:
+    frequency = stats.get("op_frequency") or {}
+    names = [name.replace("torch.nn.functional.", "F.").replace("torch.nn.", "nn.") for name in frequency][::-1]
+    figure, axes = plt.subplots(figsize=(6, 0.25 * len(names) + 1.2), dpi=100)
+    axes.set_title(PLOTS["op_frequency"])
+    axes.barh(range(len(names)), list(frequency.values())[::-1], color=BLUE)
+    axes.set_yticks(range(len(names)), names, fontsize=7)
+    axes.set_xlabel("accepted samples using the op")
+    return _save(figure, folder, "op_frequency")
+
+
+def _figure(name: str):
+    figure, axes = plt.subplots(figsize=(6, 3.2), dpi=100)
+    axes.set_title(PLOTS[name])
+    return figure, axes
+
+
+def _save(figure, folder: Path, name: str) -> str:
+    figure.tight_layout()
+    figure.savefig(folder / f"{name}.png")
+    plt.close(figure)
+    return f"{folder.name}/{name}.png"

@@ -4,11 +4,13 @@ from __future__ import annotations
 from collections import Counter
 
 from operators.records import Candidate, Verdict
+from operators.roles import COMPUTE_HEAVY, role_of
 
 # The order candidates meet the stages in; the funnel reports them in this order.
 STAGES = ("compose", "static", "sandbox", "execute", "timing", "determinism", "degenerate", "ablation",
           "compile", "decontaminate", "dedupe")
 HISTOGRAM_EDGES_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+TOP_OPS = 20
 SIMILARITY_EDGES = (0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0001)
 
 
@@ -23,6 +25,8 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
         "rejected_by_reason": dict(Counter(v.reason for _, v in rejected).most_common()),
         "op_count_mix": _sorted_counts(len(c.ops) for c, _ in accepted),
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
+        "op_frequency": dict(Counter(op for c, _ in accepted for op in c.ops).most_common(TOP_OPS)),
+        "compute_heavy_share": _share(any(role_of(op) in COMPUTE_HEAVY for op in c.ops) for c, _ in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
         "time_by_check_s": time_by_check(records),
         "gpu_gate_s": gpu_gate(records),
@@ -85,6 +89,12 @@ def histogram(values: list[float | None], edges: tuple = HISTOGRAM_EDGES_MS) -> 
         index = next((i for i in range(len(edges) - 1) if value < edges[i + 1]), len(counts) - 1)
         counts[index] += 1
     return {"edges": list(edges), "counts": counts}
+
+
+def _share(flags) -> float | None:
+    """The share of true flags, or None when there are none to count."""
+    flags = list(flags)
+    return round(sum(flags) / len(flags), 3) if flags else None
 
 
 def _sorted_counts(values) -> dict:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from filters.sandbox import HostProblem
+from pipeline.composers.template import SAMPLINGS
 from pipeline.config import ConfigError
 
 
@@ -75,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--num-samples", type=int, help="accepted samples to reach (default: 8)")
     run.add_argument("--max-candidates", type=int, help="stop composing after this many candidates (default: 64)")
     run.add_argument("--composer", choices=["template", "llm"], help="how candidates are composed")
+    run.add_argument("--sampling", choices=list(SAMPLINGS),
+                     help="template chains: layers (shaped like fused layers, the default) or uniform")
     run.add_argument("--device", help="auto, cpu or cuda[:N] (default: auto)")
     run.add_argument("--seed", type=int, help="run seed: the same seed composes the same candidates")
     run.add_argument("--reference", help="KernelBench checkout, folder, Parquet file or Hub id to decontaminate against")

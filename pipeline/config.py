@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.composers.template import DEFAULT_OP_COUNT_MIX
+from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, SAMPLINGS
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_LIBRARIES = ("torch", "transformers")
@@ -36,6 +36,7 @@ class RunConfig:
     num_samples: int = 8
     max_candidates: int = 64
     composer: str = "template"
+    sampling: str = "layers"  # the template composer's chains: shaped like fused layers, or uniform
     device: str = "auto"
     seed: int = 0
     reference: str | None = None
@@ -63,6 +64,7 @@ class RunConfig:
         _require(self.num_samples >= 1, "num_samples must be at least 1")
         _require(self.max_candidates >= 1, "max_candidates must be at least 1")
         _require(self.composer in COMPOSERS, f"composer must be one of {', '.join(COMPOSERS)}, not {self.composer!r}")
+        _require(self.sampling in SAMPLINGS, f"sampling must be one of {', '.join(SAMPLINGS)}, not {self.sampling!r}")
         _require(self.device == "auto" or self.device == "cpu" or self.device.split(":")[0] == "cuda",
                  f"device must be auto, cpu or cuda[:N], not {self.device!r}")
         _require(len(self.window_ms) == 2 and 0 < self.window_ms[0] < self.window_ms[1],

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, replace
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
 from pathlib import Path
 
 import apache_beam as beam
@@ -34,7 +34,8 @@ from filters.sandbox import SandboxOptions, shared_pool
 from filters.similarity import fingerprint
 from operators.catalog import cache_key, load_or_crawl
 from operators.records import Candidate, record_from_json, record_to_json
-from operators.task import task_id
+from operators.task import imported_packages, task_id
+from operators.usage import op_usage
 from outputs.dataset import write_dataset
 from outputs.remote import RemoteOutputError, check_writable, is_remote, local_mirror, upload
 from pipeline.composers.llm import LLMSettings
@@ -86,7 +87,7 @@ def run(cfg: RunConfig) -> dict:
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
     run_info = _run_info(cfg, device, reference, stop_reason, time.monotonic() - started, resumed,
-                         sum(v.passed for _, v in records))
+                         sum(v.passed for _, v in records), sorted({spec.library for spec in catalog}))
     stats = write_dataset(out_dir, records, run_info)
     log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
     _copy_to_remote(out_dir, cfg.out)
@@ -319,14 +320,17 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
 def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
     sandbox = _sandbox_options(cfg, device, gpus, workers, out_dir)
     check_config = _check_config(cfg, device, sandbox)
+    layered = cfg.composer == "template" and cfg.sampling == "layers"
+    usage = op_usage([spec.name for spec in catalog], cfg.libraries) if layered else None  # cached after round one
     options = PipelineOptions(_beam_args(cfg.beam_args))
     with beam.Pipeline(options=options) as pipeline:
         batch = 2 * llm.concurrency if llm else 16
         candidates, compose_rejects = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> ComposeCandidates(
-            cfg.composer, catalog, cfg.op_count_mix, cfg.seed, llm, str(cache_dir), batch, cfg.library_mix))
+            cfg.composer, catalog, cfg.seed, batch, op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix,
+            sampling=cfg.sampling, usage=usage, llm_settings=llm, cache_dir=str(cache_dir)))
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
-                                                                      verdicts_dir(cache_dir), imported_libraries(cfg))
+                                                                      verdicts_dir(cache_dir), imported_packages(catalog))
         similar = pipeline | "NoReference" >> beam.Create([])
         if reference:
             accepted, similar = accepted | "Decontaminate" >> Decontaminate(reference.fingerprints,
@@ -336,9 +340,10 @@ def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, work
 
 
 def imported_libraries(cfg: RunConfig) -> frozenset[str]:
-    """The root modules of the run's added op libraries, which its tasks import (the static
-    check's allowlist grows by them). torch is always allowed; transformers layers are
-    inlined, so their tasks import nothing of it."""
+    """The root modules of the run's added op libraries, which tasks handed to `validate`
+    may import (the static check's allowlist grows by them; a run's own tasks import what
+    its catalog's ops need, operators.task.imported_packages). torch is always allowed;
+    transformers layers are inlined, so their tasks import nothing of it."""
     roots = {library.split(":")[0].split(".")[0] for library in cfg.libraries}
     return frozenset(roots - {"torch", "transformers"})
 
@@ -390,7 +395,7 @@ def _staging_dir(out_dir: Path, fingerprint: str) -> Path:
 
 def _fingerprint(cfg: RunConfig, device: str) -> str:
     """What decides the records of a round: change any of it and old rounds no longer apply."""
-    keys = ("composer", "seed", "libraries", "op_count_mix", "window_ms", "atol", "rtol", "determinism_tol",
+    keys = ("composer", "sampling", "seed", "libraries", "op_count_mix", "window_ms", "atol", "rtol", "determinism_tol",
             "max_task_memory_gb", "reference", "reference_levels", "similarity_threshold", "ops", "library_mix",
             "target_ms")
     llm_keys = ("model", "temperature", "max_tokens", "repair_rounds")
@@ -419,26 +424,40 @@ def _log_to(path: Path) -> None:
 
 
 def _run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time_s: float,
-              resumed: tuple[int, int], accepted: int) -> dict:
+              resumed: tuple[int, int], accepted: int, op_libraries: list[str] = ()) -> dict:
     """`wall_time_s` and `accepted_per_hour` are this invocation's: a resumed run's counts
     include what earlier invocations decided (`resumed_candidates`), its clock does not."""
     return {
-        "device": device, "composer": cfg.composer, "seed": cfg.seed, "window_ms": list(cfg.window_ms),
+        "device": device, "composer": cfg.composer, "sampling": cfg.sampling, "seed": cfg.seed,
+        "window_ms": list(cfg.window_ms), "op_count_target": _shares(cfg.op_count_mix),
         "atol": cfg.atol, "rtol": cfg.rtol, "determinism_tol": cfg.determinism_tol,
         "reference": cfg.reference, "reference_revision": reference.revision if reference else None,
         "decontaminated": reference is not None, "similarity_threshold": cfg.similarity_threshold,
         "dedupe_threshold": cfg.dedupe_threshold,
         "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": round(wall_time_s, 1),
         "resumed_candidates": resumed[0], "accepted_per_hour": round((accepted - resumed[1]) / wall_time_s * 3600),
-        "libraries": list(cfg.libraries), "versions": versions(),
+        "libraries": list(cfg.libraries), "versions": versions([*cfg.libraries, *op_libraries]),
     }
 
 
-def versions() -> dict:
+def _shares(mix: dict) -> dict:
+    total = sum(mix.values())
+    return {str(key): round(value / total, 4) for key, value in sorted(mix.items())}
+
+
+def versions(libraries=()) -> dict:
+    """opsynth's own stack, and every op library of the run by its top-level package
+    (`kornia.filters` -> kornia's distribution version)."""
     def of(package):
         try:
             return version(package)
         except PackageNotFoundError:
             return "not installed"
-    return {"opsynth": of("opsynth"), "torch": of("torch"), "transformers": of("transformers"),
-            "apache_beam": of("apache-beam"), "python": platform.python_version(), "platform": sys.platform}
+    found = {"opsynth": of("opsynth"), "torch": of("torch"), "transformers": of("transformers"),
+             "apache_beam": of("apache-beam"), "python": platform.python_version(), "platform": sys.platform}
+    distributions = packages_distributions()
+    for library in libraries:
+        root = library.partition(":")[0].split(".")[0]
+        if root not in found and (root in distributions or of(root) != "not installed"):
+            found[root] = of(distributions[root][0]) if root in distributions else of(root)
+    return found

@@ -34,10 +34,10 @@ class ComposeCandidates(beam.PTransform):
     """Jobs ({"index": n, ...}) -> Candidates; a job that yields no task becomes a reject.
     Jobs are batched so an LLM composer can keep several requests in flight."""
 
-    def __init__(self, kind: str, catalog: list[OpSpec], op_count_mix: dict, run_seed: int,
-                 llm_settings=None, cache_dir: str = "", batch: int = 16, library_mix: dict | None = None):
+    def __init__(self, kind: str, catalog: list[OpSpec], run_seed: int, batch: int = 16, **options):
+        """`options` are make_composer's: op_count_mix, library_mix, sampling, usage, llm_settings, cache_dir."""
         super().__init__()
-        self.args = (kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir, library_mix)
+        self.args = (kind, catalog, run_seed, options)
         self.batch = batch
 
     def expand(self, jobs):
@@ -48,14 +48,11 @@ class ComposeCandidates(beam.PTransform):
 
 
 class _ComposeFn(beam.DoFn):
-    def __init__(self, kind, catalog, op_count_mix, run_seed, llm_settings, cache_dir, library_mix):
-        self.kind, self.catalog, self.op_count_mix = kind, catalog, op_count_mix
-        self.run_seed, self.llm_settings, self.cache_dir = run_seed, llm_settings, cache_dir
-        self.library_mix = library_mix
+    def __init__(self, kind, catalog, run_seed, options):
+        self.kind, self.catalog, self.run_seed, self.options = kind, catalog, run_seed, options
 
     def setup(self):
-        self.composer = make_composer(self.kind, self.catalog, self.op_count_mix, self.llm_settings, self.cache_dir,
-                                      self.library_mix)
+        self.composer = make_composer(self.kind, self.catalog, **self.options)
 
     def process(self, jobs: list[dict]):
         for result in self.composer.compose_many(jobs, self.run_seed):

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from filters.sandbox import WORKER_ENV
+from operators.usage import op_usage
 from pipeline.composers.template import TemplateComposer
 from tests.disguise import disguise
 
@@ -45,7 +46,8 @@ def reference_dir(tmp_path_factory, torch_catalog):
     """Our fixture benchmark plus disguised copies of the first candidates this run composes."""
     folder = tmp_path_factory.mktemp("reference")
     shutil.copytree(Path(__file__).parent / "fixtures" / "reference", folder, dirs_exist_ok=True)
-    composer = TemplateComposer(torch_catalog[0])
+    names = [spec.name for spec in torch_catalog[0]]
+    composer = TemplateComposer(torch_catalog[0], usage=op_usage(names, ["torch", "transformers"]))  # as the run draws
     for index in COPIED:
         (folder / "level2" / f"copy_{index}.py").write_text(disguise(composer.compose(index, 1).code))
     return folder

@@ -10,11 +10,12 @@ from pathlib import Path
 from operators.records import OpSpec
 
 
-def make_composer(kind: str, catalog: list[OpSpec], op_count_mix: dict, llm_settings, cache_dir: str,
-                  library_mix: dict | None = None):
+def make_composer(kind: str, catalog: list[OpSpec], *, op_count_mix: dict | None = None,
+                  library_mix: dict | None = None, sampling: str = "layers", usage: dict | None = None,
+                  llm_settings=None, cache_dir: str = ""):
     if kind == "template":
         from pipeline.composers.template import TemplateComposer
-        return TemplateComposer(catalog, op_count_mix, library_mix)
+        return TemplateComposer(catalog, op_count_mix, library_mix, sampling, usage)
     if kind == "llm":
         from pipeline.composers.llm import LLMComposer
         return LLMComposer(catalog, llm_settings, Path(cache_dir))

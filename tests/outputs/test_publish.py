@@ -42,7 +42,8 @@ def test_local_versions_load_back_carry_tags_and_are_never_overwritten(tmp_path,
     assert git("tag").split() == ["v1.0.0"]
     assert sorted(git("ls-tree", "-r", "--name-only", "v1.0.0").split()) == sorted(
         ["README.md", "stats.json", "data/train-00000-of-00001.parquet", "rejects/rejects-00000-of-00001.parquet",
-         "plots/eager_ms.png", "plots/funnel.png", "plots/library_mix.png", "plots/op_count_mix.png"])
+         "plots/eager_ms.png", "plots/funnel.png", "plots/library_mix.png", "plots/op_count_mix.png",
+         "plots/op_frequency.png"])
     head = git("rev-parse", "HEAD")
 
     code, out = publish(capsys, v1, "--to", dest, "--version", "v1.0.0")

@@ -6,7 +6,9 @@ import torch
 
 from filters.static_check import static_check
 from operators.task import task_id
-from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, TemplateComposer, data_source, draw_op_count
+from operators.roles import ANCHOR, COMPUTE_HEAVY, EPILOGUE, LAYOUT, REDUCTION, role_of
+from pipeline.composers.template import (COVERAGE_EVERY, DEFAULT_OP_COUNT_MIX, TemplateComposer, data_source,
+                                         draw_op_count, layer_roles, place)
 
 
 def test_op_count_draws_follow_the_cuda_agent_mix():
@@ -66,3 +68,62 @@ def test_a_library_in_the_mix_leads_its_share_of_chains_and_only_those(torch_cat
     sources = [composer.compose(index, run_seed=3).data_source for index in range(20)]
     assert sources.count("mylib#2") == 4
     assert [i for i, source in enumerate(sources) if source == "mylib#2"] == [4, 9, 14, 19]
+
+
+def composer_for(catalog, sampling="layers", usage=None, mix=None):
+    return TemplateComposer(catalog, mix or {1: 0.1, 2: 0.6, 3: 0.2, 4: 0.05, 5: 0.05}, None, sampling, usage)
+
+
+def test_layer_chains_lead_with_a_compute_heavy_op_and_reduce_only_last(torch_catalog):
+    composer = composer_for(torch_catalog[0])
+    chains = [composer.compose(index, run_seed=2).ops for index in range(120)]
+    for ops in (ops for ops in chains if len(ops) > 1):
+        roles = [role_of(op) for op in ops]
+        anchor = 1 if roles[0] == LAYOUT else 0
+        assert roles[anchor] in COMPUTE_HEAVY, ops
+        assert REDUCTION not in roles[:-1] or all(spec_keeps_rank(torch_catalog[0], op) for op in ops[:-1]), ops
+    uniform = [composer_for(torch_catalog[0], "uniform").compose(index, 2).ops for index in range(120)]
+    heavy = lambda chains: sum(role_of(ops[0]) in COMPUTE_HEAVY for ops in chains if len(ops) > 1)  # noqa: E731
+    assert heavy(chains) > 2 * heavy(uniform)
+
+
+def spec_keeps_rank(catalog, name):
+    return bool(next(spec for spec in catalog if spec.name == name).keeps_rank)
+
+
+def test_every_op_appears_within_four_candidates_per_op(torch_catalog):
+    catalog = [spec for spec in torch_catalog[0]
+               if spec.name.startswith(("torch.nn.Conv", "torch.nn.Linear", "torch.nn.functional.", "torch.sum"))][:40]
+    composer = composer_for(catalog)
+    seen = {op for index in range(COVERAGE_EVERY * len(catalog)) for op in composer.compose(index, 9).ops}
+    assert seen == {spec.name for spec in catalog}
+
+
+def test_ops_real_code_calls_more_are_drawn_more(torch_catalog):
+    catalog = torch_catalog[0]
+    plain = Counter(op for i in range(150) for op in composer_for(catalog, mix={2: 1.0}).compose(i, 4).ops)
+    favoured = Counter(op for i in range(150) for op in composer_for(
+        catalog, usage={"torch.tanh": 100_000}, mix={2: 1.0}).compose(i, 4).ops)
+    assert favoured["torch.tanh"] >= plain["torch.tanh"] + 10
+
+
+def test_layer_roles_and_placement():
+    rng = random.Random(1)
+    for num_ops in range(1, 6):
+        for _ in range(50):
+            roles = layer_roles(rng, num_ops)
+            assert len(roles) == num_ops
+            if num_ops > 1:
+                assert roles[0] in COMPUTE_HEAVY or roles[:2] == [LAYOUT, ANCHOR]
+    assert place(ANCHOR, ["normalisation", "epilogue"]) == (["anchor", "epilogue"], 0)
+    assert place(LAYOUT, ["anchor", "epilogue", "reduction"]) == (["layout", "anchor", "epilogue"], 0)
+    assert place(REDUCTION, ["anchor", "epilogue", "epilogue"]) == (["anchor", "epilogue", "reduction"], 2)
+    assert place(EPILOGUE, ["layout", "anchor", "reduction"]) == (["layout", "anchor", "epilogue"], 2)
+    assert place(EPILOGUE, ["anchor", "normalisation"], keeps_rank=False) == (["anchor", "epilogue"], 1)
+
+
+def test_one_added_library_alone_still_composes(torch_catalog):
+    """A catalog without an op of some role (one library of filters) lends any op to that place."""
+    catalog = [spec for spec in torch_catalog[0] if role_of(spec.name) == EPILOGUE][:12]
+    composer = composer_for(catalog, mix={3: 1.0})
+    assert all(len(composer.compose(index, 1).ops) == 3 for index in range(10))

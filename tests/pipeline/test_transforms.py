@@ -28,7 +28,7 @@ def test_drop_duplicates_keeps_the_first_and_names_it():
 def test_compose_turns_every_job_into_exactly_one_candidate(torch_catalog):
     with test_pipeline.TestPipeline() as p:
         jobs = p | beam.Create([{"index": i} for i in range(6)])
-        candidates, rejected = jobs | ComposeCandidates("template", torch_catalog[0], {2: 1.0}, 1, batch=4)
+        candidates, rejected = jobs | ComposeCandidates("template", torch_catalog[0], 1, batch=4, op_count_mix={2: 1.0})
         assert_that(candidates | beam.Map(lambda c: (c.provenance["index"], len(c.ops))),
                     equal_to([(i, 2) for i in range(6)]), label="composed")
         assert_that(rejected, equal_to([]), label="none rejected")
