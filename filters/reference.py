@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from filters.similarity import Fingerprint, fingerprint, with_graph
@@ -97,6 +98,15 @@ def read_tasks(source: str) -> list[tuple[str, str]]:
     raise ReferenceSetError(f"{source}: not a folder of .py files or a .parquet file")
 
 
+def read_parquet(path: Path):
+    """The table, or a ReferenceSetError that names the file when it is not Parquet at all."""
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise ReferenceSetError(f"{path} is not a readable Parquet file ({error}); "
+                                "pass a Parquet file with a `code` column or a folder of .py files") from None
+
+
 def _read_tasks(source: str, levels) -> tuple[list[tuple[str, str]], str | None]:
     path = Path(source)
     if path.exists():
@@ -112,7 +122,7 @@ def _read_tasks(source: str, levels) -> tuple[list[tuple[str, str]], str | None]
 
 
 def _parquet_tasks(path: Path) -> list[tuple[str, str]]:
-    table = pq.read_table(path)
+    table = read_parquet(path)
     if "code" not in table.column_names:
         raise ReferenceSetError(f"{path} has no `code` column (columns: {', '.join(table.column_names)})")
     names = table.column("name").to_pylist() if "name" in table.column_names else None

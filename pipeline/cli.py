@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         handler.addFilter(_drop_beam_import_noise)
     try:
         return args.handler(args, beam_args)
+    except KeyboardInterrupt:  # finished work is on disk (a crawl writes its catalog only when done)
+        print("opsynth: interrupted; finished work is kept, and the same command continues from it",
+              file=sys.stderr)
+        return 130
     except ConfigError as error:
         print(f"opsynth: error: {error}", file=sys.stderr)
         return 2
@@ -56,6 +60,14 @@ def _drop_beam_import_noise(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("apitools not found")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("opsynth")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def _split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """Everything after the first `--` goes to Beam unchanged."""
     if "--" in argv:
@@ -66,6 +78,7 @@ def _split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opsynth", description="Build kernel-writing training tasks.")
+    parser.add_argument("--version", action="version", version=f"opsynth {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="compose, validate and write a dataset",

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from filters.decontaminate import dedupe
-from filters.reference import GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_tasks, traced
+from filters.reference import (GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_parquet,
+                               read_tasks, traced)
 from filters.sandbox import SandboxOptions, shared_pool
 from filters.similarity import fingerprint
 from operators.catalog import cache_key, load_or_crawl
@@ -187,7 +188,7 @@ def external_candidates(tasks: str) -> list[Candidate]:
     path = Path(tasks)
     try:
         if path.is_file() and path.suffix == ".parquet":
-            rows = pq.read_table(path).to_pylist()
+            rows = read_parquet(path).to_pylist()
             if rows and "code" not in rows[0]:
                 raise ConfigError(f"{tasks} has no `code` column")
             named = [(f"row {i}", row) for i, row in enumerate(rows)]

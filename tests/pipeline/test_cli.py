@@ -126,3 +126,31 @@ def test_a_full_output_disk_ends_the_run_with_one_clear_line_and_keeps_the_verdi
                         r"device\): free some space there\. Finished work is kept; fix that and run the same "
                         r"command again\.", done.stderr.strip().splitlines()[-1]), done.stderr[-2000:]
     assert list((tmp_path / "cache" / "verdicts").rglob("*.json"))  # the same command resumes without redoing it
+
+
+def test_version_names_the_installed_package(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and re.fullmatch(r"opsynth \d+\.\d+\.\d+\S*\n", capsys.readouterr().out)
+
+
+def test_a_file_that_is_not_parquet_is_a_clear_error(capsys, tmp_path):
+    corrupt = tmp_path / "tasks.parquet"
+    corrupt.write_bytes(b"PAR1 but not really a parquet file")
+    code, err = run_cli(capsys, "validate", str(corrupt), "--out", str(tmp_path / "out"))
+    assert code == 2 and "is not a readable Parquet file" in err and "Traceback" not in err
+
+
+def test_ctrl_c_during_a_crawl_ends_with_one_line_and_no_catalog(tmp_path):
+    import signal
+    crawl = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "crawl", "--library", "torch",
+                              "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "c.parquet")],
+                             stderr=subprocess.PIPE, text=True)
+    for line in crawl.stderr:  # interrupt once the crawl itself is under way
+        if "crawling" in line:
+            break
+    crawl.send_signal(signal.SIGINT)
+    err = crawl.stderr.read()
+    assert crawl.wait(timeout=60) == 130
+    assert "interrupted" in err and "Traceback" not in err
+    assert not (tmp_path / "c.parquet").exists() and not list((tmp_path / "cache").rglob("*.parquet"))
