@@ -106,6 +106,11 @@ def snapshot_from_files(read) -> Snapshot:
 
 # -- local git destination -----------------------------------------------------------------
 
+# Who opsynth's own commits and tags are by: given to each git call that makes one, never
+# written into the destination's configuration.
+IDENTITY = ("-c", "user.name=opsynth", "-c", "user.email=opsynth@localhost")
+
+
 class LocalDestination:
     """A git repository laid out exactly like the Hub repository: one commit and one
     annotated tag per version."""
@@ -116,7 +121,8 @@ class LocalDestination:
     def versions(self) -> list[str]:
         if not (self.path / ".git").exists():
             return []
-        return self._git("tag", "--sort=-creatordate").split()
+        # newest first; tags made within the same second (git dates have whole seconds) by version
+        return self._git("tag", "--sort=-v:refname", "--sort=-creatordate").split()
 
     def snapshot(self, version: str) -> Snapshot:
         def read(path: str):
@@ -133,8 +139,8 @@ class LocalDestination:
         try:
             self._replace_contents(source)
             self._git("add", "-A")
-            self._git("commit", "-q", "--allow-empty", "-m", message)
-            self._git("tag", "-a", version, "-m", message)
+            self._git(*IDENTITY, "commit", "-q", "-m", message)
+            self._git(*IDENTITY, "tag", "-a", version, "-m", message)
         except (OSError, subprocess.CalledProcessError) as error:
             self._restore()
             raise PublishError(f"publishing to {self.path} failed and was rolled back: {_why(error)}") from None
@@ -149,8 +155,6 @@ class LocalDestination:
             raise PublishError(f"{self.path} exists, is not empty and is not a git repository")
         self.path.mkdir(parents=True, exist_ok=True)
         self._git("init", "-q", "-b", "main")
-        self._git("config", "user.name", "opsynth")
-        self._git("config", "user.email", "opsynth@localhost")
 
     def _replace_contents(self, source: Path) -> None:
         for name in PUBLISHED:
@@ -204,7 +208,11 @@ def publish(source: Path, dest: str, version: str, *, private: bool = False, all
     if version in versions:
         raise PublishError(f"version {version} already exists at {dest}; versions are never overwritten")
     latest = versions[0] if versions else None
-    change = diff(latest, destination.snapshot(latest) if latest else None, current)
+    previous = destination.snapshot(latest) if latest else None
+    if previous == current:
+        raise PublishError(f"nothing changed since {latest}: the same samples and the same stats; "
+                           "nothing was published")
+    change = diff(latest, previous, current)
     if dry_run:
         return change, None
     return change, destination.publish(Path(source), version, message or f"opsynth dataset {version}")

@@ -58,6 +58,13 @@ def test_local_versions_load_back_carry_tags_and_are_never_overwritten(tmp_path,
     assert publish(capsys, v2, "--to", dest, "--version", "v1.1.0")[0] == 0
     assert sorted(datasets.load_dataset(str(dest), split="train")["id"]) == ["b", "c", "d", "e"]
     assert git("log", "--format=%s").splitlines() == ["opsynth dataset v1.1.0", "opsynth dataset v1.0.0"]
+    # opsynth's identity is on its own commits only, not written into the repository's configuration
+    assert git("log", "-1", "--format=%an <%ae>") == "opsynth <opsynth@localhost>\n"
+    assert git("config", "--local", "--get-regexp", "^user\\.") == ""
+
+    code, out = publish(capsys, v2, "--to", dest, "--version", "v1.2.0")  # the same data again
+    assert code == 2 and "nothing changed since v1.1.0" in out
+    assert git("tag").split() == ["v1.0.0", "v1.1.0"] and len(git("log", "--format=%s").splitlines()) == 2
 
 
 def test_an_undecontaminated_run_is_refused_unless_allowed(tmp_path, capsys):
