@@ -22,12 +22,14 @@ def write_dataset(out_dir: Path, records: list[Record], run_info: dict) -> dict:
     out_dir = Path(out_dir)
     accepted = [sample_row(c, v, run_info) for c, v in records if v.passed]
     rejected = [reject_row(c, v) for c, v in records if not v.passed]
-    write_shards(out_dir / "data", "train", accepted, SAMPLE_SCHEMA)
+    shards = write_shards(out_dir / "data", "train", accepted, SAMPLE_SCHEMA)
     write_shards(out_dir / "rejects", "rejects", rejected, REJECT_SCHEMA)
     stats = compute_stats(records, run_info)
     plots = make_plots(stats, out_dir / "plots")
+    sizes = {"num_bytes": pa.Table.from_pylist(accepted, schema=SAMPLE_SCHEMA).nbytes,
+             "download_size": sum(shard.stat().st_size for shard in shards)}
     _write_text(out_dir / "stats.json", json.dumps(stats, indent=2, sort_keys=True) + "\n")
-    _write_text(out_dir / "README.md", render_card(stats, plots))
+    _write_text(out_dir / "README.md", render_card(stats, plots, sizes))
     return stats
 
 

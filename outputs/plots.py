@@ -23,15 +23,18 @@ def make_plots(stats: dict, folder: Path) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     histogram = stats["eager_ms_histogram"]
     edges = histogram["edges"]
+    low, high = stats.get("window_ms") or (0, float("inf"))
+    in_window = [BLUE if low <= edges[i] and edges[i + 1] <= high else GREY for i in range(len(edges) - 1)]
     bars = {
-        "library_mix": (list(stats["library_mix"]), list(stats["library_mix"].values()), "library"),
-        "eager_ms": ([f"{edges[i]}-{edges[i + 1]}" for i in range(len(edges) - 1)], histogram["counts"], "ms"),
-        "funnel": (list(stats["rejected_by_reason"]), list(stats["rejected_by_reason"].values()), "reason"),
+        "library_mix": (list(stats["library_mix"]), list(stats["library_mix"].values()), "library", BLUE),
+        "eager_ms": ([f"{edges[i]}-{edges[i + 1]}" for i in range(len(edges) - 1)], histogram["counts"],
+                     f"ms (blue: inside the {low}-{high} ms timing window)", in_window),
+        "funnel": (list(stats["rejected_by_reason"]), list(stats["rejected_by_reason"].values()), "reason", BLUE),
     }
     paths = {}
-    for name, (labels, values, xlabel) in bars.items():
+    for name, (labels, values, xlabel, color) in bars.items():
         figure, axes = _figure(name)
-        axes.bar(range(len(values)), values, color=BLUE)
+        axes.bar(range(len(values)), values, color=color)
         axes.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0,
                         ha="right" if len(labels) > 4 else "center")
         axes.set_xlabel(xlabel)

@@ -63,3 +63,14 @@ def test_a_rewrite_replaces_the_old_shards(tmp_path):
     write_dataset(tmp_path, [record(0, True)], RUN_INFO)
     assert pq.read_table(tmp_path / "data").num_rows == 1
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_card_explains_every_column_and_loads_without_warnings(tmp_path, caplog):
+    write_dataset(tmp_path, [record(0, True), record(1, True)], RUN_INFO)
+    card = (tmp_path / "README.md").read_text()
+    for field in SAMPLE_SCHEMA:
+        assert f"| `{field.name}` |" in card
+    assert "load_dataset(" in card and "@misc{opsynth_kernel_tasks" in card
+    with caplog.at_level("WARNING"):
+        datasets.load_dataset(str(tmp_path), split="train")
+    assert not [r for r in caplog.records if "dataset_info" in r.getMessage()]
