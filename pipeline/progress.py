@@ -1,9 +1,11 @@
-"""Progress of a run: a live status line in a terminal, plain log lines otherwise.
+"""Progress of a run: a live rich progress bar in a terminal, plain log lines otherwise.
 
-The validate stage reports each verdict as it is decided (`report`), which the live line
-shows when Beam runs the stages in this process (the DirectRunner's default mode); when not
-in a terminal, the same line goes to the log every `log_every_s` while it changes. Under a
-multi-process or remote runner the line moves once a round, from the round's records.
+The validate stage reports each verdict as it is decided (`report`), which the bar shows
+when Beam runs the stages in this process (the DirectRunner's default mode); when not in a
+terminal, the same line goes to the log every `log_every_s` while it changes. Under a
+multi-process or remote runner the bar moves once a round, from the round's records.
+While the bar is live, log lines are printed above it (rich redirects stderr, and the
+root logger's handlers are pointed at the redirected stream), never into it.
 """
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ import sys
 import threading
 import time
 from collections import Counter
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as Bar
 
 log = logging.getLogger("opsynth")
 _ACTIVE: "Progress | None" = None
@@ -45,18 +51,25 @@ class Progress:
             self.accepted, self.rejected = accepted, Counter(rejected)
 
     def line(self) -> str:
+        rate, rejects, eta = self._figures()
+        return (f"accepted {min(self.accepted, self.target)}/{self.target} | rejected {rejects} | "
+                f"{rate * 3600:.0f} accepted/h | ETA {eta}")
+
+    def _figures(self) -> tuple[float, str, str]:
+        """(accepted per second, the rejects by reason, the time left or '-' when unknown or done)."""
         with self.lock:
             elapsed = max(time.monotonic() - self.started, 1e-9)
             rate = (self.accepted - self.base) / elapsed
             left = self.target - self.accepted
-            eta = f"{left / rate:.0f} s" if rate > 0 and left > 0 else "-"
+            eta = time.strftime("%H:%M:%S", time.gmtime(left / rate)) if rate > 0 and left > 0 else "-"
             top = ", ".join(f"{reason} {n}" for reason, n in self.rejected.most_common(4)) or "none"
-            return (f"accepted {self.accepted}/{self.target} | rejected {sum(self.rejected.values())} ({top}) | "
-                    f"{rate * 3600:.0f} accepted/h | ETA {eta}")
+            return rate, f"{sum(self.rejected.values())} ({top})", eta
 
     def __enter__(self):
         global _ACTIVE
         _ACTIVE = self
+        if self.live:
+            self._start_bar()
         threading.Thread(target=self._refresh if self.live else self._log_changes, daemon=True).start()
         return self
 
@@ -65,13 +78,31 @@ class Progress:
         _ACTIVE = None
         self.stopped.set()
         if self.live:
-            self.stream.write("\r\x1b[2K" + self.line() + "\n")
-            self.stream.flush()
+            self._update_bar()
+            self.bar.stop()
+            for handler, stream in self.redirected:
+                handler.setStream(stream)
+
+    def _start_bar(self) -> None:
+        self.bar = Bar(TextColumn("accepted"), MofNCompleteColumn(), BarColumn(bar_width=16), TimeRemainingColumn(),
+                       TextColumn("| {task.fields[rate]} | rejected {task.fields[rejects]}"),
+                       console=Console(file=self.stream, force_terminal=True), redirect_stderr=True,
+                       refresh_per_second=4)
+        self.task = self.bar.add_task("run", total=self.target, completed=min(self.accepted, self.target),
+                                      rate="", rejects="")
+        self.bar.start()
+        # Log lines go to the redirected stderr, which prints them above the bar.
+        self.redirected = [(handler, handler.setStream(sys.stderr)) for handler in logging.getLogger().handlers
+                           if type(handler) is logging.StreamHandler and handler.stream in (sys.__stderr__, self.stream)]
+
+    def _update_bar(self) -> None:
+        rate, rejects, _ = self._figures()
+        self.bar.update(self.task, completed=min(self.accepted, self.target), rate=f"{rate * 3600:.0f} accepted/h",
+                        rejects=rejects)
 
     def _refresh(self) -> None:
         while not self.stopped.wait(0.5):
-            self.stream.write("\r\x1b[2K" + self.line())
-            self.stream.flush()
+            self._update_bar()
 
     def _log_changes(self) -> None:
         logged = (self.accepted, sum(self.rejected.values()))
