@@ -10,8 +10,9 @@ Two ways to draw a chain (`sampling`):
   padding before it), then an epilogue of normalisation, activations and elementwise math,
   perhaps ending in a reduction or pooling (operators/roles.py). Within a role, an op is
   drawn by how often real model code calls it (operators/usage.py), weighted
-  (1 + ln(1 + calls))^2: nn.Linear's 5,600 calls in transformers weigh 92, an op never
-  called weighs 1. And
+  1 + ln(1 + calls): nn.Linear's 5,600 calls in transformers weigh 9.6, an op never called
+  weighs 1 (steeper weights repeat the favourites: squared, 37% of 2,000 candidates were
+  exact repeats, against 24% with this and 17% drawn uniformly). And
   every fourth candidate is built around the next op of a seeded permutation of the
   catalog, so every op still appears, at the place its role allows, within the first
   4 x (number of ops) candidates.
@@ -182,7 +183,7 @@ class TemplateComposer:
 
 
 def usage_weight(calls: int) -> float:
-    return (1 + math.log1p(calls)) ** 2
+    return 1 + math.log1p(calls)
 
 
 def layer_roles(rng: random.Random, num_ops: int) -> list[str]:

@@ -65,10 +65,12 @@ def main() -> None:
                   options.gpu_memory_gb / 3 if options.gpu_memory_gb else None}
         with WorkerPool(args.workers, options) as pool:
             report = {}
-            for sampling, candidates in drawn.items():
+            for sampling, (candidates, repeats) in drawn.items():
                 began = time.perf_counter()
                 verdicts = validate(candidates, pool, config, imported_packages(catalog))
                 report[sampling] = summarize(candidates, verdicts, defaults, time.perf_counter() - began)
+                report[sampling].update(repeats=repeats, accepted_per_index=round(
+                    report[sampling]["accepted"] / args.candidates, 3))
                 print_section(sampling, report[sampling])  # as it is done: a long run that is cut off keeps it
             if args.kernelbench:
                 report["kernelbench"] = time_reference(Path(args.kernelbench), pool, config)
@@ -77,15 +79,20 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(report, indent=1))
 
 
-def compose(catalog, sampling, usage, defaults, count, seed) -> list[Candidate]:
+def compose(catalog, sampling, usage, defaults, count, seed) -> tuple[list[Candidate], int]:
+    """The distinct candidates of the first `count` indexes (a run rejects a repeat as
+    `duplicate` before validating it), and how many repeats there were."""
     composer = TemplateComposer(catalog, defaults.op_count_mix, defaults.library_mix, sampling, usage)
-    candidates = []
+    candidates, seen = [], set()
     for index in range(count):
         try:
-            candidates.append(composer.compose(index, seed))
+            candidate = composer.compose(index, seed)
         except CompositionFailed:
             continue
-    return candidates
+        if candidate.id not in seen:
+            seen.add(candidate.id)
+            candidates.append(candidate)
+    return candidates, count - len(candidates)
 
 
 def check_config(defaults: RunConfig, device: str) -> dict:
@@ -147,7 +154,8 @@ def print_section(name: str, r: dict) -> None:
         print(f"== reference: {r['timed']} of {r['tasks']} tasks timed; eager ms {r['eager_ms']}; "
               f"untimed {r['untimed']}", flush=True)
         return
-    print(f"== {name}: accepted {r['accepted']}/{r['candidates']} ({r['acceptance']:.1%}) in {r['validate_s']} s; "
+    print(f"== {name}: {r['repeats']} repeats dropped; accepted {r['accepted']}/{r['candidates']} distinct "
+          f"({r['acceptance']:.1%}; {r['accepted_per_index']:.1%} of the indexes) in {r['validate_s']} s; "
           f"compute-heavy {r['compute_heavy']}, led by one {r['led_by_compute_heavy']}")
     print(f"   op-count mix {r['op_count_mix']} (target {r['op_count_target']})")
     print(f"   library mix {r['library_mix']}; eager ms {r['eager_ms']}")
