@@ -288,8 +288,8 @@ def _status_kb(pid: int, field: str) -> int:
 
 def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def checks() -> dict:
-        from filters import harness
-        harness.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
+        from filters import execution
+        execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         return _evaluate(job, options)
     _run_in_child(checks, options, workdir, write_fd)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pyarrow as pa
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from filters.checks import SANDBOX_REASONS, glossary
 from outputs.schema import SAMPLE_COLUMNS, SAMPLE_SCHEMA
 
 CITATION = """@misc{{opsynth_kernel_tasks,
@@ -12,24 +13,19 @@ CITATION = """@misc{{opsynth_kernel_tasks,
   howpublished = {{ORG/NAME on the Hugging Face Hub}}
 }}"""
 
+# What each reject reason means: the sandbox checks' own (filters/checks.py), and those
+# decided outside them (composition, the static check, the sandbox, the LLM, decontamination).
 REJECT_GLOSSARY = {
     "compose_failed": "no chain of the drawn length fitted together",
     "duplicate": "same normalized code as an earlier candidate",
     "syntax_error": "does not parse", "bad_interface": "lacks Model / get_inputs / get_init_inputs",
     "forbidden_import": "imports a module outside the allowlist",
     "forbidden_call": "reaches the file system, processes, network or interpreter",
-    "stochastic_op": "random op in forward", "eager_error": "raises in eager mode",
-    "nan_or_inf": "output holds NaN or Inf", "nondeterministic": "two identical runs differ",
-    "fixed_inputs": "get_inputs() does not draw fresh inputs",
-    "constant_output": "output does not depend on the input at the verification tolerance",
-    "too_fast": "under the timing window even after re-sizing",
-    "too_slow": "over the timing window even after re-sizing", "too_large": "over the memory cap",
-    "compile_error": "torch.compile fails", "compile_mismatch": "eager and compiled outputs disagree",
-    "timeout": "ran past the wall-clock limit", "crashed": "killed its worker",
-    "out_of_memory": "ran out of memory", "kernelbench_similar": "too close to a KernelBench task",
+    "stochastic_op": "random op in forward",
+    **SANDBOX_REASONS, **glossary(),
+    "kernelbench_similar": "too close to a KernelBench task",
     "llm_error": "the LLM request failed for good", "no_code": "the answer held no code block",
-    "missing_op": "the code does not use every requested op", "dead_parameter": "a parameter does not affect the output",
-    "unused_module": "a submodule is built but never used", "redundant_op": "an op can be dropped without effect",
+    "missing_op": "the code does not use every requested op",
     "near_duplicate": "too close to an earlier accepted sample",
 }
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from filters.checks import DEFAULTS as CHECK_DEFAULTS
 from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, SAMPLINGS
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -20,6 +21,11 @@ COMPOSERS = ("template", "llm")
 LLM_DEFAULTS = {"model": None, "base_url": None, "api_key_env": "OPENAI_API_KEY", "temperature": 0.7,
                 "max_tokens": 4096, "timeout_s": 120.0, "concurrency": 8, "max_attempts": 6, "backoff_s": 1.0,
                 "repair_rounds": 1}
+
+
+# Check settings the run sets itself, from its own keys or from where it runs.
+RUN_SETS = {"device", "seed", "atol", "rtol", "determinism_tol", "window_ms", "target_ms", "max_task_memory_gb",
+            "memory_budget_gb", "timing_lock"}
 
 
 class ConfigError(ValueError):
@@ -48,17 +54,19 @@ class RunConfig:
     library_mix: dict = field(default_factory=lambda: {"transformers": 0.012})
     llm: dict = field(default_factory=lambda: dict(LLM_DEFAULTS))
     op_count_mix: dict = field(default_factory=lambda: dict(DEFAULT_OP_COUNT_MIX))
-    window_ms: list = field(default_factory=lambda: [1.0, 100.0])
-    target_ms: float = 3.0  # where re-sizing aims inside the window (KernelBench's median is ~3 ms)
-    atol: float = 1e-2
-    rtol: float = 1e-2
-    determinism_tol: float = 1e-5
+    window_ms: list = field(default_factory=lambda: list(CHECK_DEFAULTS["window_ms"]))
+    target_ms: float = CHECK_DEFAULTS["target_ms"]  # where re-sizing aims inside the window (KernelBench's median is ~3 ms)
+    atol: float = CHECK_DEFAULTS["atol"]
+    rtol: float = CHECK_DEFAULTS["rtol"]
+    determinism_tol: float = CHECK_DEFAULTS["determinism_tol"]
     timeout_s: float = 300.0
     max_memory_gb: float = 8.0
-    max_task_memory_gb: float = 16.0
+    max_task_memory_gb: float = CHECK_DEFAULTS["max_task_memory_gb"]
     workers: int = 0
     cache_dir: str = field(default_factory=default_cache_dir)
     beam_args: list = field(default_factory=list)
+    # Any other setting of the sandbox checks (filters/checks.py), e.g. {ablation: false}.
+    checks: dict = field(default_factory=dict)
 
     def check(self) -> "RunConfig":
         _require(self.num_samples >= 1, "num_samples must be at least 1")
@@ -78,6 +86,9 @@ class RunConfig:
         _require(mix and all(1 <= k <= 5 and v >= 0 for k, v in mix.items()) and sum(mix.values()) > 0,
                  f"op_count_mix must map op counts 1-5 to non-negative weights, not {self.op_count_mix}")
         self.op_count_mix = mix
+        settable = sorted(set(CHECK_DEFAULTS) - RUN_SETS)
+        unknown = sorted(set(self.checks) - set(settable))
+        _require(not unknown, f"unknown checks key(s) {', '.join(unknown)}; valid: {', '.join(settable)}")
         unknown = sorted(set(self.llm) - set(LLM_DEFAULTS))
         _require(not unknown, f"unknown llm key(s) {', '.join(unknown)}; valid: {', '.join(sorted(LLM_DEFAULTS))}")
         self.llm = {**LLM_DEFAULTS, **self.llm}

@@ -28,6 +28,7 @@ import apache_beam as beam
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from filters.checks import CHECKS
 from filters.decontaminate import dedupe
 from filters.reference import (GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_parquet,
                                read_tasks, traced)
@@ -311,11 +312,12 @@ def gpu_lock_dir() -> str:
 
 
 def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
-    return {"device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
+    return {**cfg.checks, "device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
             "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms), "target_ms": cfg.target_ms,
             "max_task_memory_gb": cfg.max_task_memory_gb,
             "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None,
-            "op_graph": GRAPH_VERSION}  # verdicts stored before tracing carry no op sequence
+            "op_graph": GRAPH_VERSION,  # verdicts stored before tracing carry no op sequence
+            "checks": [check.stage for check in CHECKS]}  # verdicts stored before a check was added do not count
 
 
 def _run_round(cfg, catalog, reference, llm, jobs, prior_ids, device, gpus, workers, cache_dir, out_dir, path):
@@ -398,9 +400,10 @@ def _fingerprint(cfg: RunConfig, device: str) -> str:
     """What decides the records of a round: change any of it and old rounds no longer apply."""
     keys = ("composer", "sampling", "seed", "libraries", "op_count_mix", "window_ms", "atol", "rtol", "determinism_tol",
             "max_task_memory_gb", "reference", "reference_levels", "similarity_threshold", "ops", "library_mix",
-            "target_ms")
+            "target_ms", "checks")
     llm_keys = ("model", "temperature", "max_tokens", "repair_rounds")
-    blob = {key: asdict(cfg)[key] for key in keys} | {"device": device, "catalog": cache_key(cfg.libraries)}
+    blob = {key: asdict(cfg)[key] for key in keys} | {"device": device, "catalog": cache_key(cfg.libraries),
+                                                       "stages": [check.stage for check in CHECKS]}
     if cfg.composer == "llm":
         blob["llm"] = {key: cfg.llm.get(key) for key in llm_keys}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]

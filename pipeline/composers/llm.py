@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from filters.checks import repairable
 from filters.similarity import _model_ops
 from filters.store import JsonStore
 from operators.records import Candidate, OpSpec, Verdict
@@ -27,10 +28,9 @@ PROMPTS = Path(__file__).parent.parent / "prompts"
 COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v2", "repair_v1"
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 INTERFACE = ("Model", "get_inputs", "get_init_inputs")
-# Rejects a model can be asked to fix: the program ran but broke a rule it can change.
-REPAIRABLE = {"eager_error", "compile_error", "compile_mismatch", "too_fast", "too_slow", "too_large",
-              "constant_output", "nan_or_inf", "redundant_op", "dead_parameter", "unused_module",
-              "bad_interface", "missing_op", "syntax_error", "fixed_inputs"}
+# Rejects a model can be asked to fix: the program broke a rule it can change (the sandbox
+# checks say which of theirs are; filters/checks.py), or did not parse or fit the request.
+REPAIRABLE = repairable() | {"bad_interface", "missing_op", "syntax_error"}
 
 
 @dataclass(frozen=True)

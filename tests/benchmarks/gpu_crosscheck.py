@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from filters.harness import DEFAULTS, _measure, _warm_up, build_model, load_task, make_inputs
+from filters.execution import build_model, load_task, make_inputs, measure, warm_up_calls
+from filters.harness import DEFAULTS
 
 
 def kernel_ms_per_call(model, inputs, calls: int = 20) -> float:
@@ -47,8 +48,8 @@ def main() -> None:
         model = build_model(task, 0, device)
         torch.manual_seed(1)
         inputs = make_inputs(task, device)
-        _warm_up(model, inputs, device, DEFAULTS["warmup_ms"])  # as the run does, then alone on the GPU
-        events_ms, _ = _measure(model, inputs, dict(DEFAULTS), device)
+        warm_up_calls(model, inputs, device, DEFAULTS["warmup_ms"])  # as the run does, then alone on the GPU
+        events_ms, _ = measure(model, inputs, dict(DEFAULTS), device)
         profiler_ms = kernel_ms_per_call(model, inputs)
         ratios.append(events_ms / profiler_ms)
         print(f"{' > '.join(op.rsplit('.', 1)[-1] for op in row['ops'])[:40]:40s} {row['eager_ms']:9.3f} "

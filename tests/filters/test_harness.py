@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from filters import harness
-from filters.harness import GpuGate
+from filters.checks import DependsOnInput, Deterministic, NothingDead, TaskUnderTest, bracketed
+from filters.execution import GpuGate, build_model, forward
 
 from tests.conftest import make_task
 
@@ -84,12 +85,10 @@ def test_rejects_keep_the_measurements_they_took(results):
 
 
 def test_resize_bracket_never_repeats_a_size_known_to_fail():
-    from filters.harness import _bracketed
-
-    assert _bracketed(640, 10, 0, float("inf")) == 640  # inside the bracket: taken as is
-    assert _bracketed(4096, 64, 10, 1000) == 100  # past a size known too slow: the geometric middle
-    assert _bracketed(5, 64, 10, 1000) == 100  # under a size known too fast: likewise
-    assert _bracketed(11, 10, 10, 11) is None  # nothing left between the bounds
+    assert bracketed(640, 10, 0, float("inf")) == 640  # inside the bracket: taken as is
+    assert bracketed(4096, 64, 10, 1000) == 100  # past a size known too slow: the geometric middle
+    assert bracketed(5, 64, 10, 1000) == 100  # under a size known too fast: likewise
+    assert bracketed(11, 10, 10, 11) is None  # nothing left between the bounds
 
 
 def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):
@@ -97,8 +96,6 @@ def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):
     until the reader already inside is done, and a new reader waits for the writer."""
     import multiprocessing
     import time
-
-    from filters.harness import GpuGate
 
     path = str(tmp_path / "gpu0.lock")
     log = multiprocessing.get_context("spawn").Queue()
@@ -144,18 +141,17 @@ def test_a_check_holds_the_gpu_gate_one_step_at_a_time_so_a_timer_waits_for_one_
     cfg = {**harness.DEFAULTS, "window_ms": (0.0, 1e9)}
     task = type("Task", (), {"Model": _SlowChain, "get_init_inputs": lambda: [],
                              "get_inputs": lambda: [torch.rand(4, 16)]})
-    model = harness.build_model(task, 0, torch.device("cpu"))
+    model = build_model(task, 0, torch.device("cpu"))
     torch.manual_seed(1)  # as the harness draws inputs: not from the weights' seed
     inputs = [torch.rand(4, 16)]
-    out = harness.forward(model, inputs)
+    out = forward(model, inputs)
     finished = []
 
     def checks():
-        gate, metrics, cpu = GpuGate(path), {}, torch.device("cpu")
-        harness._check_determinism(task, model, inputs, out, cfg, cpu, metrics, gate)
-        harness._check_not_constant(task, model, inputs, out, cfg, cpu, metrics, gate)
-        harness._check_nothing_dead(model, inputs, out, cfg, metrics, gate)
-        finished.append(metrics)
+        t = TaskUnderTest("", cfg, torch.device("cpu"), GpuGate(path), task=task, model=model, inputs=inputs, out=out)
+        for check in (Deterministic(), DependsOnInput(), NothingDead()):
+            check.run(t)
+        finished.append(t.metrics)
 
     began = time.monotonic()
     worker = threading.Thread(target=checks)
@@ -174,8 +170,6 @@ def test_a_check_holds_the_gpu_gate_one_step_at_a_time_so_a_timer_waits_for_one_
 
 def _hold_shared(path, seconds, log):
     import time
-
-    from filters.harness import GpuGate
 
     with GpuGate(path).shared():
         log.put((f"reader {seconds} in", time.monotonic()))

@@ -27,6 +27,9 @@ def test_shipped_recipe_by_name():
     ("num_samples: true\n", "num_samples must be a int, not True"),
     ("num_samples: 2.5\n", "num_samples must be a int, not 2.5"),
     ("read_only_fs: nope\n", "unknown config key.*read_only_fs"),
+    ("checks: {no_such_setting: 1}\n", "unknown checks key.*valid: ablation, compile"),
+    ("checks: {atol: 0.1}\n", "unknown checks key"),  # the run's own key, set as `atol`
+    ("sampling: random\n", "sampling must be one of layers, uniform"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
@@ -72,3 +75,13 @@ def test_tasks_of_an_added_library_may_import_it_and_nothing_else_is_added():
     cfg = build_config(None, {"libraries": ["torch", "kornia.filters", "transformers:llama", "torchvision.ops"]})
     assert imported_libraries(cfg) == {"kornia", "torchvision"}
     assert imported_libraries(build_config(None, {})) == frozenset()
+
+
+def test_a_checks_setting_reaches_the_workers_and_decides_the_runs_identity(tmp_path):
+    from pipeline.run import _check_config, _fingerprint, _sandbox_options
+
+    cfg = build_config(None, {"checks": {"ablation": False, "max_resize_rounds": 2}})
+    check_config = _check_config(cfg, "cpu", _sandbox_options(cfg, "cpu", [], 2, tmp_path))
+    assert check_config["ablation"] is False and check_config["max_resize_rounds"] == 2
+    assert check_config["checks"] == ["execute", "timing", "determinism", "degenerate", "ablation", "compile"]
+    assert _fingerprint(cfg, "cpu") != _fingerprint(build_config(None, {}), "cpu")

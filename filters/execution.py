@@ -1,0 +1,275 @@
+"""What the acceptance checks run a task with, inside a sandbox worker: loading and
+building it, calling it on fresh copies of its inputs, timing it, comparing outputs, and the
+GPU gate that lets several workers share one GPU while each times alone.
+
+The torch functions the comparisons use are bound when this module is imported, before any
+candidate code runs, so a task cannot patch them.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import math
+import os
+import signal
+import statistics
+import time
+import types
+
+import torch
+
+_allclose = torch.allclose
+_isfinite = torch.isfinite
+_equal = torch.equal
+_abs, _sub, _amax, _size, _to_float = torch.abs, torch.sub, torch.amax, torch.Tensor.size, torch.Tensor.float
+_clone = torch.Tensor.clone
+
+# Where a worker's child reports the time it has waited at the GPU gate: its zygote adds it
+# to the job's time limit, which counts the task's own work, not other tasks' queue.
+report_gate_wait = lambda waited_s: None  # noqa: E731
+
+
+class Reject(Exception):
+    def __init__(self, stage: str, reason: str, detail: str):
+        super().__init__(detail)
+        self.stage, self.reason, self.detail = stage, reason, detail
+
+
+class GpuGate:
+    """A reader-writer lock over one GPU shared by several workers, with writer priority.
+
+    Timing is the writer: it closes the gate (no new GPU work may start), waits for the
+    GPU work under way to finish, and measures alone. Every other stretch of GPU work is a
+    reader, held for one step (a build, a forward, a comparison), not a whole check: a timer
+    waits for the longest reader under way, and every other worker waits behind the timer.
+    Both are flock(2) locks on files beside each other, so they hold across processes and
+    are released by the OS if a worker dies. Without a path (CPU) both are no-ops.
+    A step that holds the gate past `step_limit_s` ends its process (SIGALRM's default
+    action): the OS releases its locks, and nobody waits behind a hang for long."""
+
+    def __init__(self, path: str | None, step_limit_s: float | None = None):
+        self.path, self.step_limit_s = path, step_limit_s
+        self.waited_s = 0.0  # time spent waiting to enter, either way
+        self.alone_s = 0.0  # time spent holding the GPU alone
+
+    @contextlib.contextmanager
+    def shared(self):
+        if not self.path:
+            yield
+            return
+        with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
+            began = time.perf_counter()
+            fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
+            fcntl.flock(gpu, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            self._entered(began)
+            try:
+                yield
+                if torch.cuda.is_initialized():  # the step's kernels finish before a timer may enter
+                    torch.cuda.synchronize()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                fcntl.flock(gpu, fcntl.LOCK_UN)
+
+    def call(self, step, *args):
+        """`step(*args)` as one stretch of shared GPU work."""
+        with self.shared():
+            return step(*args)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        if not self.path:
+            yield
+            return
+        with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
+            began = time.perf_counter()
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(gpu, fcntl.LOCK_EX)
+            entered = time.perf_counter()
+            self._entered(began)
+            try:
+                yield
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                fcntl.flock(gpu, fcntl.LOCK_UN)
+                fcntl.flock(gate, fcntl.LOCK_UN)
+                self.alone_s += time.perf_counter() - entered
+
+
+    def _entered(self, began: float) -> None:
+        """Count the wait, report it, and arm the step limit."""
+        self.waited_s += time.perf_counter() - began
+        report_gate_wait(self.waited_s)
+        if self.step_limit_s:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.setitimer(signal.ITIMER_REAL, self.step_limit_s)
+
+
+def _lock_file(path: str):
+    """The pool makes the lock files; a jailed worker sees them read-only (flock needs no more)."""
+    return open(path, "r") if os.path.exists(path) else open(path, "a")
+
+
+@contextlib.contextmanager
+def timed(metrics: dict, stage: str):
+    """Wall time of each check, kept as `t_<stage>_ms` (the time split per check)."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[f"t_{stage}_ms"] = (time.perf_counter() - began) * 1e3
+
+
+# -- building and running ----------------------------------------------------------------
+
+def load_task(code: str) -> types.ModuleType:
+    module = types.ModuleType("opsynth_task")
+    exec(compile(code, "<task>", "exec"), module.__dict__)
+    return module
+
+
+def build_model(task, seed: int, device: torch.device):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return task.Model(*task.get_init_inputs()).to(device).eval()
+
+
+def make_inputs(task, device: torch.device) -> list:
+    with torch.device(device):
+        inputs = task.get_inputs()
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def forward(model, inputs) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = model(*fresh_copies(inputs))
+    return flatten(out)
+
+
+def fresh_copies(inputs: list) -> list:
+    """Every call, checked or timed, gets new copies of the inputs: a task that changes its
+    inputs in place changes no later call, and none can tell a timed call by its arguments."""
+    return [_clone(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def flatten(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in flatten(item)]
+    raise TypeError(f"forward returned {type(out).__name__}, not tensors")
+
+
+def load_and_run(code: str, cfg: dict, device: torch.device, gate: GpuGate):
+    try:
+        task = load_task(code)
+        model = gate.call(build_model, task, cfg["seed"], device)
+        torch.manual_seed(cfg["seed"] + 1)
+        inputs = gate.call(make_inputs, task, device)
+        out = gate.call(forward, model, inputs)
+    except Exception as error:
+        raise as_reject(error, "execute") from None
+    if not gate.call(_all_finite, out):
+        raise Reject("execute", "nan_or_inf", "the eager output holds NaN or Inf")
+    return task, model, inputs, out
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    return all(bool(_isfinite(t).all()) for t in tensors if t.is_floating_point() or t.is_complex())
+
+
+# -- timing -------------------------------------------------------------------------------
+
+def release(device) -> None:
+    """Hand freed memory back, so workers sharing a GPU do not starve each other."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure(model, inputs, cfg, device, precise: bool = True) -> tuple[float, int | None]:
+    """Median eager forward time in ms, and peak device memory in bytes. A quick measurement
+    (for the resize search) warms up with three calls and takes three samples. A precise one
+    expects a model already warmed up and takes `timing_budget_ms` of samples, within
+    `min_repeats`..`max_repeats`. The caller decides whether it owns the GPU (GpuGate)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    first = _time_once(model, inputs, device)
+    if first > cfg["window_ms"][1] * 5:
+        return first, _peak(device)
+    if precise:
+        repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
+    else:
+        warm_up_calls(model, inputs, device, 0.0)
+        repeats = 3
+    times = [_time_once(model, inputs, device) for _ in range(repeats)]
+    return statistics.median(times), _peak(device)
+
+
+def warm_up_calls(model, inputs, device, budget_ms: float, gate: GpuGate | None = None) -> None:
+    """At least three calls and `budget_ms` of them: the first calls of a fresh process
+    fault their memory in (slow and uneven on a VM) and can read many times too slow.
+    With a gate, each call is its own stretch of shared GPU work; without one (a caller
+    already inside the gate), none takes it."""
+    gate = gate or GpuGate(None)
+    spent, calls = 0.0, 0
+    while calls < 3 or spent < budget_ms:
+        spent += gate.call(_time_once, model, inputs, device)
+        calls += 1
+
+
+def _time_once(model, inputs, device) -> float:
+    args = fresh_copies(inputs)  # made before the clock starts, as for every checked call
+    with torch.no_grad():
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(*args)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        began = time.perf_counter()
+        model(*args)
+        return (time.perf_counter() - began) * 1e3
+
+
+def _peak(device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+# -- comparisons and errors ---------------------------------------------------------------
+
+# The comparisons call only functions bound at import, before any task code ran.
+def close(a: list, b: list, atol: float, rtol: float) -> bool:
+    return len(a) == len(b) and all(
+        _size(x) == _size(y) and _allclose(_to_float(x), _to_float(y), atol=atol, rtol=rtol) for x, y in zip(a, b))
+
+
+def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and _equal(a, b)
+
+
+def max_diff(a: list, b: list) -> float:
+    if len(a) != len(b) or any(_size(x) != _size(y) for x, y in zip(a, b)):
+        return math.inf
+    diffs = [float(_amax(_abs(_sub(_to_float(x), _to_float(y))))) if x.numel() else 0.0 for x, y in zip(a, b)]
+    return max(diffs, default=0.0)
+
+
+OOM_MESSAGES = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+def as_reject(error: BaseException, stage: str) -> Reject:
+    """Running out of memory is its own reason (the task may fit once re-sized); any other
+    exception from the task's code is an eager error."""
+    text = str(error).lower()
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MESSAGES):
+        return Reject(stage, "out_of_memory", short(error))
+    return Reject(stage, "eager_error", short(error))
+
+
+def short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) < 500 else text[:497] + "..."
