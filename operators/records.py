@@ -1,6 +1,10 @@
-"""The records the parts pass each other (docs/architecture.md): OpSpec, Candidate, Verdict."""
+"""The records the parts pass each other (docs/architecture.md): OpSpec, Candidate, Verdict,
+and a task's identity (`task_id`, the hash of its normalized code). This is the floor every
+package may import."""
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -133,3 +137,28 @@ def record_from_json(line: str) -> tuple[Candidate, Verdict]:
     data = json.loads(line)
     candidate = data["candidate"]
     return Candidate(**{**candidate, "ops": tuple(candidate["ops"])}), Verdict(**data["verdict"])
+
+
+# -- a task's identity ------------------------------------------------------------------
+
+def normalized_code(code: str) -> str:
+    """The code with comments, docstrings and formatting taken out: what a task *is*."""
+    tree = ast.parse(code)
+    drop_docstrings(tree)
+    return ast.unparse(tree)
+
+
+def drop_docstrings(tree: ast.AST) -> None:
+    """Remove every module, class and function docstring from `tree`, in place."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and _is_docstring(body[0]):
+            node.body = body[1:] or [ast.Pass()]
+
+
+def task_id(code: str) -> str:
+    return hashlib.sha256(normalized_code(code).encode()).hexdigest()[:16]
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -230,26 +229,3 @@ def _unique_slugs(chain: list[BoundOp]) -> list[str]:
         seen[base] = seen.get(base, 0) + 1
         slugs.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
     return slugs
-
-
-def normalized_code(code: str) -> str:
-    """The code with comments, docstrings and formatting taken out: what a task *is*."""
-    tree = ast.parse(code)
-    drop_docstrings(tree)
-    return ast.unparse(tree)
-
-
-def drop_docstrings(tree: ast.AST) -> None:
-    """Remove every module, class and function docstring from `tree`, in place."""
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and _is_docstring(body[0]):
-            node.body = body[1:] or [ast.Pass()]
-
-
-def task_id(code: str) -> str:
-    return hashlib.sha256(normalized_code(code).encode()).hexdigest()[:16]
-
-
-def _is_docstring(node: ast.stmt) -> bool:
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)

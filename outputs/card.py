@@ -4,7 +4,7 @@ from __future__ import annotations
 import pyarrow as pa
 from huggingface_hub import DatasetCard, DatasetCardData
 
-from filters.checks import SANDBOX_REASONS, glossary
+from filters.sandbox.checks import SANDBOX_REASONS, glossary
 from outputs.schema import SAMPLE_COLUMNS, SAMPLE_SCHEMA
 
 CITATION = """@misc{{opsynth_kernel_tasks,
@@ -13,7 +13,7 @@ CITATION = """@misc{{opsynth_kernel_tasks,
   howpublished = {{ORG/NAME on the Hugging Face Hub}}
 }}"""
 
-# What each reject reason means: the sandbox checks' own (filters/checks.py), and those
+# What each reject reason means: the sandbox checks' own (filters/sandbox/checks.py), and those
 # decided outside them (composition, the static check, the sandbox, the LLM, decontamination).
 REJECT_GLOSSARY = {
     "compose_failed": "no chain of the drawn length fitted together",

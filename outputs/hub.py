@@ -15,7 +15,8 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from packaging.version import InvalidVersion, Version
 
-from outputs.publish import PublishError, Snapshot, published_files, snapshot_from_files
+from outputs.retry import retry_after
+from outputs.versions import PublishError, Snapshot, published_files, snapshot_from_files
 
 log = logging.getLogger(__name__)
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
@@ -35,11 +36,7 @@ def is_transient(error: BaseException) -> bool:
 
 
 def retry_delay(error: BaseException, attempt: int, base_s: float) -> float:
-    response = getattr(error, "response", None)
-    header = response.headers.get("Retry-After") if response is not None else None
-    if header and header.replace(".", "", 1).isdigit():
-        return min(float(header), 60.0)
-    return min(base_s * 2 ** attempt, 30.0)
+    return retry_after(getattr(error, "response", None), attempt, base_s)
 
 
 def version_key(name: str):

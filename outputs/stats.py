@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from filters.checks import CHECKS
+from filters.sandbox.checks import CHECKS
 from operators.records import Candidate, Verdict
 from operators.roles import COMPUTE_HEAVY, role_of
 

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from filters.sandbox import HostProblem
+from filters.sandbox.pool import HostProblem
 from pipeline.composers.template import SAMPLINGS
 from pipeline.config import ConfigError
 
@@ -211,9 +211,9 @@ def _publish(args, beam_args) -> int:
 def _dedupe(args, beam_args) -> int:
     import os
 
-    from filters.reference import ReferenceSetError
-    from filters.sandbox import SandboxOptions, WorkerPool
-    from outputs.dedupe_report import dedupe_report
+    from filters.similarity.reference import ReferenceSetError
+    from filters.sandbox.pool import SandboxOptions, WorkerPool
+    from pipeline.dedupe import dedupe_report
     from pipeline.config import default_cache_dir
 
     try:

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import yaml
 
-from filters.checks import DEFAULTS as CHECK_DEFAULTS
+from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
+from pipeline.composers.llm import LLMSettings
 from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, SAMPLINGS
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_LIBRARIES = ("torch", "transformers")
 COMPOSERS = ("template", "llm")
-LLM_DEFAULTS = {"model": None, "base_url": None, "api_key_env": "OPENAI_API_KEY", "temperature": 0.7,
-                "max_tokens": 4096, "timeout_s": 120.0, "concurrency": 8, "max_attempts": 6, "backoff_s": 1.0,
-                "repair_rounds": 1}
+# The llm: keys and their defaults are LLMSettings' own (the run's target_ms is passed apart).
+LLM_DEFAULTS = {f.name: None if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(LLMSettings) if f.name != "target_ms"}
 
 
 # Check settings the run sets itself, from its own keys or from where it runs.
@@ -65,7 +66,7 @@ class RunConfig:
     workers: int = 0
     cache_dir: str = field(default_factory=default_cache_dir)
     beam_args: list = field(default_factory=list)
-    # Any other setting of the sandbox checks (filters/checks.py), e.g. {ablation: false}.
+    # Any other setting of the sandbox checks (filters/sandbox/checks.py), e.g. {ablation: false}.
     checks: dict = field(default_factory=dict)
 
     def check(self) -> "RunConfig":

@@ -13,10 +13,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from filters.decontaminate import SimilarityIndex
-from filters.sandbox import SandboxOptions, shared_pool
-from filters.similarity import fingerprint
-from filters.validate import start_validation
+from filters.similarity.decontaminate import SimilarityIndex
+from filters.sandbox.pool import SandboxOptions, shared_pool
+from filters.similarity.score import fingerprint
+from filters.sandbox.validate import start_validation
 from filters.store import VerdictStore
 from operators.records import Candidate, OpSpec, Verdict, record_to_json
 from pipeline import progress
@@ -193,7 +193,7 @@ class _DecontaminateFn(beam.DoFn):
         match = self.index.match(fingerprint(verdict.code or candidate.code, candidate.id, graph), self.threshold)
         metrics = {**verdict.metrics, "kernelbench_max_similarity": match.similarity,
                    "kernelbench_nearest": match.nearest}
-        if match.similarity > self.threshold:
+        if match.too_close(self.threshold):
             count("decontaminate", "kernelbench_similar")
             yield beam.pvalue.TaggedOutput(REJECTED, (candidate, replace(
                 verdict, stage="decontaminate", passed=False, reason="kernelbench_similar", metrics=metrics,

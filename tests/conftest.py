@@ -14,7 +14,7 @@ atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], True)
 
 import pytest
 
-from filters.sandbox import SandboxOptions, WorkerPool
+from filters.sandbox.pool import SandboxOptions, WorkerPool
 from operators.catalog import crawl
 
 

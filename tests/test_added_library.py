@@ -10,7 +10,7 @@ import textwrap
 import pyarrow.parquet as pq
 import pytest
 
-from filters.sandbox import WORKER_ENV
+from filters.sandbox.pool import WORKER_ENV
 from operators.catalog import crawl
 from operators.sources import ENTRY_POINT_GROUP
 from tests.test_end_to_end import STANDALONE_CHECK

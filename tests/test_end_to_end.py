@@ -11,7 +11,7 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 
-from filters.sandbox import WORKER_ENV
+from filters.sandbox.pool import WORKER_ENV
 from operators.usage import op_usage
 from pipeline.composers.template import TemplateComposer
 from tests.disguise import disguise

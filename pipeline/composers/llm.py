@@ -18,18 +18,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from filters.checks import repairable
-from filters.similarity import _model_ops
+from filters.sandbox.checks import repairable
+from filters.similarity.score import model_ops
 from filters.store import JsonStore
-from operators.records import Candidate, OpSpec, Verdict
-from operators.task import task_id
+from outputs.retry import retry_after
+from operators.records import Candidate, OpSpec, Verdict, task_id
 
 PROMPTS = Path(__file__).parent.parent / "prompts"
 COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v2", "repair_v1"
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 INTERFACE = ("Model", "get_inputs", "get_init_inputs")
 # Rejects a model can be asked to fix: the program broke a rule it can change (the sandbox
-# checks say which of theirs are; filters/checks.py), or did not parse or fit the request.
+# checks say which of theirs are; filters/sandbox/checks.py), or did not parse or fit the request.
 REPAIRABLE = repairable() | {"bad_interface", "missing_op", "syntax_error"}
 
 
@@ -62,12 +62,10 @@ def retry_delay(error: BaseException, attempt: int, settings: LLMSettings) -> fl
     if isinstance(error, openai.APIStatusError):
         if error.status_code != 429 and error.status_code < 500:
             return None
-        header = error.response.headers.get("retry-after") if error.response is not None else None
-        if header and header.replace(".", "", 1).isdigit():
-            return min(float(header), 60.0)
-    elif not isinstance(error, (openai.APITimeoutError, openai.APIConnectionError)):
+        return retry_after(error.response, attempt, settings.backoff_s)
+    if not isinstance(error, (openai.APITimeoutError, openai.APIConnectionError)):
         return None
-    return min(settings.backoff_s * 2 ** attempt, 30.0)
+    return retry_after(None, attempt, settings.backoff_s)
 
 
 class LLMClient:
@@ -152,7 +150,7 @@ def check_answer(text: str, chosen: tuple[str, ...], catalog: list[OpSpec]) -> t
     classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
     instantiated = {node.func.id for node in ast.walk(tree)
                     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in classes}
-    used_leaves = set(_model_ops(tree)) | {name.lower() for name in instantiated}
+    used_leaves = set(model_ops(tree)) | {name.lower() for name in instantiated}
     leaf = lambda name: name.rsplit(".", 1)[-1].lower().rstrip("_")
     absent = [name for name in chosen if leaf(name) not in used_leaves]
     if absent:

@@ -27,9 +27,9 @@ import zlib
 from collections import Counter
 
 from operators.layouts import LAYOUTS
-from operators.records import Candidate, OpSpec, Verdict
+from operators.records import Candidate, OpSpec, Verdict, task_id
 from operators.roles import ANCHOR, EPILOGUE, LAYOUT, NORMALISATION, REDUCTION, role_of
-from operators.task import BoundOp, bind, chain_output, render_task, task_id
+from operators.task import BoundOp, bind, chain_output, render_task
 
 # CUDA-Agent-Ops-6K's op-count mix (share of tasks fusing 1..5 ops).
 DEFAULT_OP_COUNT_MIX = {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}

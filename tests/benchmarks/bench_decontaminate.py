@@ -12,9 +12,9 @@ import argparse
 import time
 from collections import Counter
 
-from filters.decontaminate import SimilarityIndex
-from filters.reference import _read_tasks, load_reference
-from filters.similarity import fingerprint, score
+from filters.similarity.decontaminate import SimilarityIndex
+from filters.similarity.reference import _read_tasks, load_reference
+from filters.similarity.score import fingerprint, score
 from operators.catalog import crawl
 from pipeline.composers.template import TemplateComposer
 from tests.disguise import disguise

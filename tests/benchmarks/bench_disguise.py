@@ -20,10 +20,10 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from filters.decontaminate import SimilarityIndex
-from filters.reference import load_reference, trace_all, traced
-from filters.sandbox import SandboxOptions, WorkerPool
-from filters.similarity import fingerprint, score, textual_similarity
+from filters.similarity.decontaminate import SimilarityIndex
+from filters.similarity.reference import load_reference, trace_all, traced
+from filters.sandbox.pool import SandboxOptions, WorkerPool
+from filters.similarity.score import fingerprint, score, textual_similarity
 from operators.catalog import crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
 from tests.disguise import KINDS

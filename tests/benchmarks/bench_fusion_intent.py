@@ -23,12 +23,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from filters.sandbox import SandboxOptions, WorkerPool
-from filters.validate import validate
+from filters.sandbox.pool import SandboxOptions, WorkerPool
+from filters.sandbox.validate import validate
 from operators.catalog import load_or_crawl, read_catalog
-from operators.records import Candidate
+from operators.records import Candidate, task_id
 from operators.roles import COMPUTE_HEAVY, role_of
-from operators.task import imported_packages, task_id
+from operators.task import imported_packages
 from operators.usage import op_usage
 from pipeline.composers.template import SAMPLINGS, CompositionFailed, TemplateComposer
 from pipeline.config import DEFAULT_LIBRARIES, RunConfig

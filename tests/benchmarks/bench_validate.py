@@ -21,13 +21,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from filters.harness import WARM_UP_TASK
-from filters.sandbox import WORKER_ENV, SandboxOptions, WorkerPool
-from filters.static_check import static_check
+from filters.sandbox.harness import WARM_UP_TASK
+from filters.sandbox.pool import WORKER_ENV, SandboxOptions, WorkerPool
+from filters.sandbox.static_check import static_check
 from operators.catalog import load_or_crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
 from pipeline.config import DEFAULT_LIBRARIES, RunConfig
-from pipeline.run import gpu_share_gb
+from pipeline.devices import gpu_share_gb
 
 def main() -> None:
     parser = argparse.ArgumentParser()

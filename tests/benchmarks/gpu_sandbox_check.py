@@ -16,8 +16,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from filters.harness import DEFAULTS
-from filters.sandbox import SandboxOptions, WorkerPool
+from filters.sandbox.harness import DEFAULTS
+from filters.sandbox.pool import SandboxOptions, WorkerPool
 
 TASK = textwrap.dedent("""\
     import torch

@@ -61,7 +61,7 @@ echo "== end-to-end run: $CANDIDATES candidates, $WORKERS workers"
 rm -rf "$RUN"  # a run left by an earlier call on a warm machine would be resumed, not measured
 start=$(date +%s.%N)
 # Every 30 s: how many sandbox workers live, the GPU's memory and load, the run's newest log line.
-( while sleep 30; do echo "-- $(date +%T) workers $(pgrep -fc filters.worker)" \
+( while sleep 30; do echo "-- $(date +%T) workers $(pgrep -fc filters.sandbox.worker)" \
     "gpu $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)" \
     "| $(tail -n1 "$RUN/run.log" 2>/dev/null | cut -c1-160)"; done ) & MONITOR=$!
 # a run that overstays leaves time to copy its logs back

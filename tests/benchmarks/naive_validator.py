@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from filters.harness import evaluate
+from filters.sandbox.harness import evaluate
 
 if __name__ == "__main__":
     job = json.load(sys.stdin)

@@ -4,9 +4,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from filters.decontaminate import SimilarityIndex, dedupe
-from filters.reference import ReferenceSetError, load_reference
-from filters.similarity import fingerprint, score
+from filters.similarity.decontaminate import SimilarityIndex, dedupe
+from filters.similarity.reference import ReferenceSetError, load_reference
+from filters.similarity.score import fingerprint, score
 from pipeline.composers.template import TemplateComposer
 from pipeline.cli import main
 from tests.disguise import KINDS, disguise
@@ -180,13 +180,13 @@ def get_init_inputs():
 
 @pytest.fixture(scope="module")
 def traced_reference(pool, tmp_path_factory):
-    from filters.reference import traced
+    from filters.similarity.reference import traced
     cache = tmp_path_factory.mktemp("op-graphs")
     return SimilarityIndex(traced(load_reference(str(REFERENCE)), pool, cache).fingerprints), cache
 
 
 def traced_fingerprint(code, name, pool, cache):
-    from filters.reference import trace_all
+    from filters.similarity.reference import trace_all
     [graph] = trace_all([code], pool, cache)
     return fingerprint(code, name, graph)
 

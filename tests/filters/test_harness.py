@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from filters import harness
-from filters.checks import DependsOnInput, Deterministic, NothingDead, TaskUnderTest, bracketed
-from filters.execution import GpuGate, build_model, forward
+from filters.sandbox import harness
+from filters.sandbox.checks import DependsOnInput, Deterministic, NothingDead, TaskUnderTest, bracketed
+from filters.sandbox.execution import GpuGate, build_model, forward
 
 from tests.conftest import make_task
 

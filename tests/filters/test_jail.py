@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from filters import jail
+from filters.sandbox import jail
 
 ATTACKER_PREAMBLE = """\
 import ctypes, os, sys
-from filters.jail import drop_privileges
+from filters.sandbox.jail import drop_privileges
 drop_privileges()
 libc = ctypes.CDLL(None, use_errno=True)
 def refused(result):

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from filters import jail
-from filters.harness import REASONS
-from filters.sandbox import WorkerPool
-from filters.validate import validate
-from filters.worker import check_result
+from filters.sandbox import jail
+from filters.sandbox.harness import REASONS
+from filters.sandbox.pool import WorkerPool
+from filters.sandbox.validate import validate
+from filters.sandbox.worker import check_result
 from operators.records import Candidate
 from tests.conftest import make_task, sandbox_options
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from filters.similarity import fingerprint, op_similarity, score
+from filters.similarity.score import fingerprint, op_similarity, score
 from tests.disguise import disguise
 
 REFERENCE = Path(__file__).parents[1] / "fixtures" / "reference"

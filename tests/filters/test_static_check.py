@@ -1,6 +1,6 @@
 import pytest
 
-from filters.static_check import static_check
+from filters.sandbox.static_check import static_check
 from tests.conftest import make_task
 
 
@@ -54,7 +54,7 @@ def test_extra_imports_allow_a_plugin_library():
 def test_inlined_library_code_is_screened_like_a_task():
     """What a crawl inlines into seeds (no task interface yet) passes the same rules, or its
     op is listed as `unsafe_source`."""
-    from filters.static_check import screen_definitions
+    from filters.sandbox.static_check import screen_definitions
 
     assert screen_definitions("import torch\n\ndef scaled(x):\n    return x * 2\n") is None
     assert screen_definitions("def pick(obj):\n    return getattr(obj, 'weight')\n")[0] == "forbidden_call"

@@ -3,10 +3,11 @@ import ast
 import pytest
 import torch
 
-from filters.static_check import static_check
+from filters.sandbox.static_check import static_check
 from operators.layouts import LAYOUTS
 from operators.records import OpSpec
-from operators.task import ChainTooLarge, bind, chain_output, normalized_code, render_task, task_id
+from operators.records import normalized_code, task_id
+from operators.task import ChainTooLarge, bind, chain_output, render_task
 
 
 @pytest.fixture(scope="module")

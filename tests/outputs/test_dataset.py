@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 from operators.records import Candidate, Verdict
 from outputs.dataset import write_dataset
 from outputs.schema import REJECT_SCHEMA, SAMPLE_SCHEMA
-from pipeline.run import versions
+from pipeline.run_info import versions
 
 RUN_INFO = {"device": "cpu", "composer": "template", "seed": 3, "window_ms": [1.0, 100.0], "atol": 0.01,
             "rtol": 0.01, "determinism_tol": 1e-5, "reference": None, "reference_revision": None,

@@ -99,7 +99,7 @@ def test_workers_that_cannot_start_end_the_run_with_one_clear_line(tmp_path, cap
     """A host where the sandbox worker cannot start (a stand-in: its interpreter exits at
     once) stops the run with exit 3 and says where to look, instead of a Beam traceback."""
     tasks = task_folder(tmp_path, {"good.py": SCALED_TANH.read_text()})
-    monkeypatch.setattr("filters.sandbox.sys.executable", "/bin/false")
+    monkeypatch.setattr("filters.sandbox.pool.sys.executable", "/bin/false")
     out = tmp_path / "audit"
     code, err = run_cli(capsys, "validate", str(tasks), "--out", str(out), "--workers", "1",
                         "--cache-dir", str(tmp_path))

@@ -57,7 +57,7 @@ def test_ops6k_recipe_reads_its_reference_from_the_environment(monkeypatch):
 def test_beam_processes_of_a_host_share_its_cores_among_all_their_workers(monkeypatch, tmp_path):
     """Under the multi-process DirectRunner each Beam process has its own pool: the pools
     together take one worker a core, and each worker's threads are the host's share."""
-    from pipeline.run import _sandbox_options, default_workers
+    from pipeline.devices import default_workers, sandbox_options as _sandbox_options
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     beam_args = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -78,7 +78,9 @@ def test_tasks_of_an_added_library_may_import_it_and_nothing_else_is_added():
 
 
 def test_a_checks_setting_reaches_the_workers_and_decides_the_runs_identity(tmp_path):
-    from pipeline.run import _check_config, _fingerprint, _sandbox_options
+    from pipeline.devices import sandbox_options as _sandbox_options
+    from pipeline.run import _check_config
+    from pipeline.staging import run_fingerprint as _fingerprint
 
     cfg = build_config(None, {"checks": {"ablation": False, "max_resize_rounds": 2}})
     check_config = _check_config(cfg, "cpu", _sandbox_options(cfg, "cpu", [], 2, tmp_path))

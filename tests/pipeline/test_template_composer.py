@@ -4,8 +4,8 @@ from collections import Counter
 import pytest
 import torch
 
-from filters.static_check import static_check
-from operators.task import task_id
+from filters.sandbox.static_check import static_check
+from operators.records import task_id
 from operators.roles import ANCHOR, COMPUTE_HEAVY, EPILOGUE, LAYOUT, REDUCTION, role_of
 from pipeline.composers.template import (COVERAGE_EVERY, DEFAULT_OP_COUNT_MIX, TemplateComposer, data_source,
                                          draw_op_count, layer_roles, place)

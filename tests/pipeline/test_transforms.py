@@ -37,7 +37,7 @@ def test_compose_turns_every_job_into_exactly_one_candidate(torch_catalog):
 def test_decontaminate_rejects_a_disguised_copy_and_keeps_the_score_on_the_rest():
     from pathlib import Path
 
-    from filters.reference import load_reference
+    from filters.similarity.reference import load_reference
     from operators.records import Verdict
     from pipeline.transforms import Decontaminate
     from tests.disguise import disguise

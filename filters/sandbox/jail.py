@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
-PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding filters/
 HIDDEN = ("/tmp", "/var/tmp", "/run", "/root", "/home")  # replaced by empty tmpfs in the jail
 TMP_SIZE = 4 << 30  # the worker's scratch: its job folders and compiler output
 SHM_SIZE = 512 << 20

@@ -1,7 +1,7 @@
 """The worker pool: untrusted candidates run only here, in jailed, long-lived workers.
 
-Each worker is a warm zygote inside the jail (filters/jail.py) that forks a fresh child for
-every job (filters/worker.py). The zygote bounds each job's time and memory; the pool keeps
+Each worker is a warm zygote inside the jail (filters/sandbox/jail.py) that forks a fresh child for
+every job (filters/sandbox/worker.py). The zygote bounds each job's time and memory; the pool keeps
 a backstop limit a little past it and replaces a worker that misses it. `run` never raises
 for anything a candidate does: every job yields a result dict. Results travel on a pipe of
 their own, tagged with the job's id, and are taken only in the shape the checks produce: the
@@ -27,9 +27,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from filters import jail
-from filters.resize import with_constant
-from filters.worker import MAX_DETAIL, check_result, failure, longest_job_s, receive, send
+from filters.sandbox import jail
+from filters.sandbox.resize import with_constant
+from filters.sandbox.worker import MAX_DETAIL, check_result, failure, longest_job_s, receive, send
 
 POLL_S = 0.2
 BACKSTOP_S = 30.0  # past the longest job its zygote allows, the pool replaces the worker
@@ -120,7 +120,7 @@ class Worker:
         if self.options.timing_lock_dir:
             extra["OPSYNTH_TIMING_LOCK"] = _timing_lock(self.options.timing_lock_dir, gpu)
             readable = (self.options.timing_lock_dir,)
-        argv = [sys.executable, "-m", "filters.worker", str(job_r), str(result_w), json.dumps(options)]
+        argv = [sys.executable, "-m", "filters.sandbox.worker", str(job_r), str(result_w), json.dumps(options)]
         command = jail.command(argv, gpu=self.options.device.startswith("cuda"), env=jail.environment(extra),
                               seccomp_fd=seccomp, readable=readable)
         self.process = subprocess.Popen(command, pass_fds=(job_r, result_w, seccomp), stdin=subprocess.DEVNULL,
@@ -179,7 +179,7 @@ class Worker:
             return _finish(job, failure("crashed", "the worker answered for another job; it was replaced"))
         if outcome.get("retire"):  # a job changed what the zygote keeps: no later job may see it
             self.stop()
-        from filters.harness import REASONS
+        from filters.sandbox.harness import REASONS
         result = check_result({k: v for k, v in outcome.items() if k not in ("job", "retire")}, REASONS)
         if result is None:
             self.stop()

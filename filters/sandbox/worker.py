@@ -1,7 +1,7 @@
 """A sandbox worker: a warm zygote that never runs task code, and a fresh child per job.
 
-Started by `filters.sandbox` inside the jail (`filters.jail`) as
-`python -m filters.worker JOB_FD RESULT_FD OPTIONS_JSON`. The zygote drops to an
+Started by `filters.sandbox` inside the jail (`filters.sandbox.jail`) as
+`python -m filters.sandbox.worker JOB_FD RESULT_FD OPTIONS_JSON`. The zygote drops to an
 unprivileged uid, imports torch and, on a CPU host, runs every check once on a built-in task
 (on a GPU host it only imports: compiling makes Dynamo ask the CUDA runtime about the GPU,
 and no child forked after that can use it). Then, for each job, it forks a child that:
@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from filters.jail import drop_privileges
+from filters.sandbox.jail import drop_privileges
 
 MAX_RESULT_BYTES = 1 << 20
 MAX_OP_GRAPH = 20_000  # characters of a traced op sequence: a level-3 network has a few thousand
@@ -135,7 +135,7 @@ def serve(job_fd: int, result_fd: int, options: dict) -> None:
     same uid: each job ends with a check that none changed (a write, a rename or a chmod
     changes a file's ctime, which no process can set). If one did, the job's result is
     sent and the worker retires: no later job reads what a task left."""
-    from filters.harness import REASONS
+    from filters.sandbox.harness import REASONS
     kept = _snapshot(ZYGOTE_DIR)
     while (job := receive(job_fd)) is not None:
         outcome = run_job(job, options, REASONS)
@@ -288,7 +288,7 @@ def _status_kb(pid: int, field: str) -> int:
 
 def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def checks() -> dict:
-        from filters import execution
+        from filters.sandbox import execution
         execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         return _evaluate(job, options)
     _run_in_child(checks, options, workdir, write_fd)
@@ -296,7 +296,7 @@ def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mma
 
 def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def traced() -> dict:
-        from filters.harness import trace
+        from filters.sandbox.harness import trace
         sys.addaudithook(_refuse_escapes(workdir))
         return accepted({"op_graph": trace(job["code"])})
     _run_in_child(traced, options, workdir, write_fd)
@@ -323,7 +323,7 @@ def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
 def _evaluate(job: dict, options: dict) -> dict:
     import torch
 
-    from filters.harness import evaluate
+    from filters.sandbox.harness import evaluate
     sys.addaudithook(_refuse_escapes(tempfile.gettempdir()))
     if options.get("gpu_memory_gb") and torch.cuda.is_available():
         # Workers share the GPU: none may take more than its task cap (plus headroom).
@@ -335,7 +335,7 @@ def _evaluate(job: dict, options: dict) -> dict:
 
 def _own_folders(workdir: str) -> None:
     """The job's folder is its TMPDIR and holds its compiler caches: nothing a later job reads."""
-    from filters.harness import use_compiler_caches
+    from filters.sandbox.harness import use_compiler_caches
     os.chdir(workdir)
     os.environ.update(TMPDIR=workdir, CUDA_CACHE_PATH=os.path.join(workdir, "cuda"))
     tempfile.tempdir = workdir
@@ -413,7 +413,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)  # no OpenMP pool in the zygote: each child starts its own after fork
     _keep_precompiled_headers(os.path.join(ZYGOTE_DIR, "precompiled-headers"))
-    from filters.harness import warm_up
+    from filters.sandbox.harness import warm_up
     warmed = "compile not requested"
     if options.get("device", "cpu").startswith("cuda"):
         # Compiling, even for the CPU, makes Dynamo ask the CUDA runtime about the GPU, and a
@@ -426,7 +426,7 @@ def main() -> None:
             warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
         except Exception as error:
             warmed = f"failed: {type(error).__name__}: {error}"
-    from filters.harness import WARM_UP_TASK, trace
+    from filters.sandbox.harness import WARM_UP_TASK, trace
     trace(WARM_UP_TASK)  # tracing on the meta device touches no GPU: every child traces warm
     if not options.get("device", "cpu").startswith("cuda"):  # 50 s of gcc on the H200 host, for C++ kernels
         _check_vector_instructions()

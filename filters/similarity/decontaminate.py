@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from filters.similarity import Fingerprint, nearest_computation, textual_similarity
+from filters.similarity.score import Fingerprint, nearest_computation, textual_similarity
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,10 @@ class Match:
 
     similarity: float
     nearest: str | None
+
+    def too_close(self, threshold: float) -> bool:
+        """The one accept rule, against the reference and between samples: above `threshold` is out."""
+        return self.similarity > threshold
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ def dedupe(fingerprints: list[Fingerprint], threshold: float) -> list[DedupeResu
             results.append(DedupeResult(fp.name, False, by_digest[fp.digest], 1.0))
             continue
         near = kept.match(fp, threshold) if len(kept) else Match(0.0, None)
-        if near.similarity > threshold:
+        if near.too_close(threshold):
             results.append(DedupeResult(fp.name, False, near.nearest, near.similarity))
             continue
         by_digest[fp.digest] = fp.name

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from filters.sandbox import WorkerPool
-from filters.static_check import static_check
+from filters.sandbox.pool import WorkerPool
+from filters.sandbox.static_check import static_check
 from filters.store import VerdictStore
 from operators.records import Candidate, Verdict
 

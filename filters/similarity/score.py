@@ -2,7 +2,7 @@
 
 score(a, b) = max(textual, computed): the larger of a textual score that reads the source
 and, where both tasks were traced, a score of what they compute (`graph`: the canonical
-ATen op sequence of one forward call, filters/op_graph.py, traced in the sandbox). A task
+ATen op sequence of one forward call, filters/sandbox/op_graph.py, traced in the sandbox). A task
 that cannot be traced keeps the textual score.
 
 computed(a, b) is the normalized Indel similarity of the two op sequences.
@@ -41,7 +41,7 @@ import torch
 from rapidfuzz import process
 from rapidfuzz.distance import Indel
 
-from operators.task import drop_docstrings
+from operators.records import drop_docstrings
 
 API_ROOTS = {"torch", "nn", "F", "math"}
 BUILTIN_NAMES = set(dir(builtins))
@@ -71,7 +71,7 @@ def fingerprint(code: str, name: str = "", graph: str | None = None) -> Fingerpr
     tree = _canonical_tree(ast.parse(code))
     drop_docstrings(tree)
     tokens = _Canonicalizer(_user_attributes(tree)).walk(tree)
-    ops = tuple(sorted(_model_ops(tree).items()))
+    ops = tuple(sorted(model_ops(tree).items()))
     return Fingerprint(name, encode(tokens), ops, hashlib.sha256("\x00".join(tokens).encode()).hexdigest()[:16],
                        encode(graph.split()) if graph else "")
 
@@ -213,7 +213,7 @@ def _api_name(node: ast.AST) -> str | None:
     return dotted.replace("torch.nn.functional.", "F.").replace("nn.functional.", "F.").replace("torch.nn.", "nn.")
 
 
-def _model_ops(tree: ast.Module) -> Counter:
+def model_ops(tree: ast.Module) -> Counter:
     ops: Counter = Counter()
     for definition in tree.body:
         if not isinstance(definition, (ast.ClassDef, ast.FunctionDef)) or definition.name in INPUT_BUILDERS:

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from filters import ablation
-from filters.execution import (GpuGate, Reject, build_model, close, forward, identical, load_and_run, make_inputs,
+from filters.sandbox import ablation
+from filters.sandbox.execution import (GpuGate, Reject, build_model, close, forward, identical, load_and_run, make_inputs,
                                max_diff, measure, release, short, warm_up_calls)
-from filters.resize import NotResizable, scale_constant
+from filters.sandbox.resize import NotResizable, scale_constant
 
 _compile = torch.compile
 _reset_dynamo = torch._dynamo.reset
@@ -40,7 +40,7 @@ def bind_compiler() -> None:
 
 # What any check may also end in: the task's own code raising, or running out of memory.
 TASK_ERRORS = {"eager_error": "raises in eager mode", "out_of_memory": "ran out of memory"}
-# What the sandbox decides when the checks could not finish (filters/sandbox.py, stage "sandbox").
+# What the sandbox decides when the checks could not finish (filters/sandbox/pool.py, stage "sandbox").
 SANDBOX_REASONS = {"crashed": "killed its worker", "timeout": "ran past the wall-clock limit",
                    "out_of_memory": "ran out of memory"}
 

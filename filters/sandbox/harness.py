@@ -1,5 +1,5 @@
 """One candidate through the acceptance checks, inside a sandbox worker (docs/architecture.md,
-"Acceptance"): `evaluate` runs filters/checks.py's CHECKS in order; `warm_up` readies a
+"Acceptance"): `evaluate` runs filters/sandbox/checks.py's CHECKS in order; `warm_up` readies a
 worker; `trace` records what a task computes.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ import os
 
 import torch
 
-from filters.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
-from filters.execution import GpuGate, Reject, as_reject, load_task, release, timed
-from filters.op_graph import op_graph
-from filters.worker import MAX_OP_GRAPH
+from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
+from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
+from filters.sandbox.op_graph import op_graph
+from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
 bind_compiler()  # this module is imported by a worker before it runs any task
@@ -101,7 +101,7 @@ def use_compiler_caches(folder: str) -> None:
 
 
 def trace(code: str) -> str | None:
-    """What the task computes (filters/op_graph.py) as space-separated op names, traced on
+    """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, traced on
     the meta device from a fresh load of its code; None when it cannot be traced. It runs
     the task's code: the worker calls it in a child of its own, under a hard time limit."""
     try:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from filters.decontaminate import SimilarityIndex, decontaminate, dedupe
-from filters.reference import ReferenceSetError, fingerprint_all, load_reference, read_tasks, trace_all, traced
-from filters.similarity import with_graph
+from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
+from filters.similarity.reference import ReferenceSetError, fingerprint_all, load_reference, read_tasks, trace_all, traced
+from filters.similarity.score import with_graph
 
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
@@ -29,7 +29,7 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     matches = decontaminate(computed, SimilarityIndex(reference.fingerprints), threshold)
     duplicates = dedupe(fingerprints, dedupe_threshold)
     rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,
-             "duplicate_of": dup.duplicate_of, "kept": dup.kept and match.similarity <= threshold}
+             "duplicate_of": dup.duplicate_of, "kept": dup.kept and not match.too_close(threshold)}
             for fp, match, dup in zip(fingerprints, matches, duplicates)]
     rows += [{"source": name, "max_similarity": None, "nearest": None, "duplicate_of": None, "kept": False}
              for name in unparsable]

@@ -1,0 +1,69 @@
+"""Where a run validates and how many sandbox workers it starts: the device, the GPUs, the
+workers a host can hold, their threads and GPU memory."""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from filters.sandbox.pool import SandboxOptions
+from pipeline.config import ConfigError, RunConfig
+
+
+def resolve_device(requested: str) -> tuple[str, list[int]]:
+    import torch
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return "cpu", []
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {requested}: torch sees no CUDA device (torch.cuda.is_available() is False, "
+                          f"torch {torch.__version__}); use --device cpu or --device auto")
+    if ":" in requested:
+        index = int(requested.split(":")[1])
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {requested}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        return "cuda", [index]
+    return "cuda", list(range(torch.cuda.device_count()))
+
+
+def default_workers(device: str, gpus: list[int], beam_args: list[str] = ()) -> int:
+    """One sandbox worker a core, at most 8 (on a GPU host: 8 per GPU). Compilation and the
+    correctness checks run on the cores in parallel; timing takes turns on each GPU. Under
+    the multi-process DirectRunner every Beam process has its own pool: they share the cores."""
+    cores = os.cpu_count() or 1
+    processes = beam_processes(beam_args)
+    per_host = min(cores, 8 * len(gpus)) if device == "cuda" else min(cores, 8)
+    return max(1, per_host // processes)
+
+
+def beam_processes(beam_args) -> int:
+    args = " ".join(beam_args)
+    if "multi_processing" not in args:
+        return 1
+    found = re.search(r"--direct_num_workers[= ](\d+)", args)
+    return max(1, int(found.group(1))) if found else 1
+
+
+def gpu_share_gb(gpus: list[int], workers: int) -> float:
+    """GPU memory each worker may take: 90% of the smallest GPU, split among its workers."""
+    import torch
+    per_gpu = math.ceil(workers / len(gpus))
+    return 0.9 * min(torch.cuda.get_device_properties(g).total_memory for g in gpus) / 2**30 / per_gpu
+
+
+def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:
+    on_host = workers * beam_processes(cfg.beam_args)  # every Beam process of the host has a pool this size
+    return SandboxOptions(
+        device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
+        threads=max(1, (os.cpu_count() or 1) // on_host), log_path=str(out_dir / "workers.log"),
+        timing_lock_dir=gpu_lock_dir() if device == "cuda" else None,
+        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None)
+
+
+def gpu_lock_dir() -> str:
+    """Host-local, not in the cache: on a distributed runner the cache is a shared mount,
+    and a lock there would make every host's GPU 0 take turns with every other's."""
+    return os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")

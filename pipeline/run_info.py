@@ -1,0 +1,49 @@
+"""What a run records about itself in stats.json and the card: its settings, why it
+stopped, its clock and rate, and the versions of everything that made the data."""
+from __future__ import annotations
+
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+from pipeline.config import RunConfig
+
+
+def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time_s: float,
+              resumed: tuple[int, int], accepted: int, op_libraries: list[str] = ()) -> dict:
+    """`wall_time_s` and `accepted_per_hour` are this invocation's: a resumed run's counts
+    include what earlier invocations decided (`resumed_candidates`), its clock does not."""
+    return {
+        "device": device, "composer": cfg.composer, "sampling": cfg.sampling, "seed": cfg.seed,
+        "window_ms": list(cfg.window_ms), "op_count_target": _shares(cfg.op_count_mix),
+        "atol": cfg.atol, "rtol": cfg.rtol, "determinism_tol": cfg.determinism_tol,
+        "reference": cfg.reference, "reference_revision": reference.revision if reference else None,
+        "decontaminated": reference is not None, "similarity_threshold": cfg.similarity_threshold,
+        "dedupe_threshold": cfg.dedupe_threshold,
+        "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": round(wall_time_s, 1),
+        "resumed_candidates": resumed[0], "accepted_per_hour": round((accepted - resumed[1]) / wall_time_s * 3600),
+        "libraries": list(cfg.libraries), "versions": versions([*cfg.libraries, *op_libraries]),
+    }
+
+
+def _shares(mix: dict) -> dict:
+    total = sum(mix.values())
+    return {str(key): round(value / total, 4) for key, value in sorted(mix.items())}
+
+
+def versions(libraries=()) -> dict:
+    """opsynth's own stack, and every op library of the run by its top-level package
+    (`kornia.filters` -> kornia's distribution version)."""
+    def of(package):
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+    found = {"opsynth": of("opsynth"), "torch": of("torch"), "transformers": of("transformers"),
+             "apache_beam": of("apache-beam"), "python": platform.python_version(), "platform": sys.platform}
+    distributions = packages_distributions()
+    for library in libraries:
+        root = library.partition(":")[0].split(".")[0]
+        if root not in found and (root in distributions or of(root) != "not installed"):
+            found[root] = of(distributions[root][0]) if root in distributions else of(root)
+    return found
