@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
+from filters.sandbox.pool import SandboxOptions
 from pipeline.composers.llm import LLMSettings
 from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, SAMPLINGS
 
@@ -60,8 +61,8 @@ class RunConfig:
     atol: float = CHECK_DEFAULTS["atol"]
     rtol: float = CHECK_DEFAULTS["rtol"]
     determinism_tol: float = CHECK_DEFAULTS["determinism_tol"]
-    timeout_s: float = 300.0
-    max_memory_gb: float = 8.0
+    timeout_s: float = SandboxOptions.timeout_s
+    max_memory_gb: float = SandboxOptions.max_memory_gb
     max_task_memory_gb: float = CHECK_DEFAULTS["max_task_memory_gb"]
     workers: int = 0
     cache_dir: str = field(default_factory=default_cache_dir)

@@ -145,15 +145,9 @@ class TemplateComposer:
             choices = fitting(pool) or fitting(self.base)
             if not choices:
                 return None
-            bound = bind(self._draw_op(rng, choices), layout, shape)
-            try:
-                out = chain_output(chain + [bound], layout, layout.sizes)
-            except Exception:  # this op does not fit here; draw the chain again
+            shape = _append(chain, self._draw_op(rng, choices), layout, shape)
+            if shape is None:
                 return None
-            if out.numel() == 0 or out.numel() > MAX_ELEMENTS:
-                return None
-            chain.append(bound)
-            shape = tuple(out.shape)
         return chain, layout
 
     def _try_chain(self, rng: random.Random, num_ops: int, first_pool: list[OpSpec]):
@@ -167,19 +161,27 @@ class TemplateComposer:
                        and spec.name not in {b.spec.name for b in chain}]
             if not choices:
                 return None
-            bound = bind(rng.choice(choices), layout, shape)
-            try:
-                out = chain_output(chain + [bound], layout, layout.sizes)
-            except Exception:  # this op does not fit here; draw the chain again
+            shape = _append(chain, rng.choice(choices), layout, shape)
+            if shape is None:
                 return None
-            if out.numel() == 0 or out.numel() > MAX_ELEMENTS:
-                return None
-            chain.append(bound)
-            shape = tuple(out.shape)
         return chain, layout
 
     def _draw_op(self, rng: random.Random, choices: list[OpSpec]) -> OpSpec:
         return rng.choices(choices, weights=[self.weight[spec.name] for spec in choices])[0]
+
+
+def _append(chain: list[BoundOp], spec: OpSpec, layout, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Bind `spec` against `shape` and add it to `chain`: the shape it puts out, or None when
+    it does not fit there (the draw is then given up)."""
+    bound = bind(spec, layout, shape)
+    try:
+        out = chain_output(chain + [bound], layout, layout.sizes)
+    except Exception:  # this op does not fit here
+        return None
+    if out.numel() == 0 or out.numel() > MAX_ELEMENTS:
+        return None
+    chain.append(bound)
+    return tuple(out.shape)
 
 
 def usage_weight(calls: int) -> float:
