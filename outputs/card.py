@@ -160,7 +160,7 @@ def _op_frequency(stats: dict) -> list[str]:
     return [f"The {len(stats['op_frequency'])} most frequent ops; "
             + (f"{heavy:.1%} of samples hold a compute-heavy op (a matmul, convolution, attention, recurrent "
                "cell or normalisation)." if heavy is not None else ""), "",
-            *_table(["op", "samples"], stats["op_frequency"].items()), ""]
+            *_table(["op", "samples"], sorted(stats["op_frequency"].items(), key=lambda item: (-item[1], item[0]))), ""]
 
 
 def _decontamination(stats: dict) -> list[str]:

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 
 PLOTS = {
     "op_count_mix": "Accepted samples by number of fused ops, against the target mix",
-    "op_frequency": "The most frequent ops of the accepted samples",
+    "op_frequency": "Most frequent ops",
     "library_mix": "Accepted samples by library",
     "eager_ms": "Median eager time of accepted samples",
     "funnel": "Rejected candidates by reason",
@@ -64,14 +64,23 @@ def _op_count_mix(stats: dict, folder: Path) -> str:
 
 
 def _op_frequency(stats: dict, folder: Path) -> str:
-    frequency = stats.get("op_frequency") or {}
-    names = [name.replace("torch.nn.functional.", "F.").replace("torch.nn.", "nn.") for name in frequency][::-1]
+    # most frequent at the top (stats.json keeps its keys sorted by name)
+    frequency = dict(sorted((stats.get("op_frequency") or {}).items(), key=lambda item: (-item[1], item[0])))
+    names = [_short_name(name) for name in frequency][::-1]
     figure, axes = plt.subplots(figsize=(6, 0.25 * len(names) + 1.2), dpi=100)
     axes.set_title(PLOTS["op_frequency"])
     axes.barh(range(len(names)), list(frequency.values())[::-1], color=BLUE)
     axes.set_yticks(range(len(names)), names, fontsize=7)
     axes.set_xlabel("accepted samples using the op")
+    axes.xaxis.get_major_locator().set_params(integer=True)
     return _save(figure, folder, "op_frequency")
+
+
+def _short_name(name: str) -> str:
+    """`torch.nn.functional.gelu` -> `F.gelu`; a transformers layer by its class name."""
+    if name.startswith("transformers."):
+        return name.rsplit(".", 1)[-1]
+    return name.replace("torch.nn.functional.", "F.").replace("torch.nn.", "nn.")
 
 
 def _figure(name: str):
