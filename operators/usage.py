@@ -20,6 +20,8 @@ from typing import Iterable
 
 import torch
 
+from operators.sources import library_name
+
 CALL = re.compile(r"(?<![\w.)\]])(?<!def )(?<!class )([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\(")
 METHOD_ON_EXPRESSION = re.compile(r"[)\]]\.([A-Za-z_]\w*)\s*\(")
 IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w.]+)(?:[ \t]+as[ \t]+(\w+))?", re.M)
@@ -61,7 +63,7 @@ class CallCounts:
 
 def op_usage(names: Iterable[str], libraries: Iterable[str]) -> dict[str, int]:
     """Calls of each named op in the corpus of transformers and the given libraries."""
-    counts = corpus_counts(tuple(sorted({library.partition(":")[0].split(".")[0] for library in libraries})))
+    counts = corpus_counts(tuple(sorted({library_name(library) for library in libraries})))
     return {name: counts.of(name) for name in names}
 
 

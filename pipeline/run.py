@@ -26,6 +26,7 @@ from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, Reference
                                           read_tasks, traced)
 from operators.catalog import load_or_crawl
 from operators.records import Candidate, OpSpec, task_id
+from operators.sources import library_name
 from operators.task import imported_packages
 from operators.usage import op_usage
 from outputs.dataset import write_dataset
@@ -249,7 +250,7 @@ def imported_libraries(cfg: RunConfig) -> frozenset[str]:
     may import (the static check's allowlist grows by them; a run's own tasks import what
     its catalog's ops need, operators.task.imported_packages). torch is always allowed;
     transformers layers are inlined, so their tasks import nothing of it."""
-    roots = {library.split(":")[0].split(".")[0] for library in cfg.libraries}
+    roots = {library_name(library) for library in cfg.libraries}
     return frozenset(roots - {"torch", "transformers"})
 
 

@@ -6,6 +6,7 @@ import platform
 import sys
 from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
+from operators.sources import library_name
 from pipeline.config import RunConfig
 
 
@@ -43,7 +44,7 @@ def versions(libraries=()) -> dict:
              "apache_beam": of("apache-beam"), "python": platform.python_version(), "platform": sys.platform}
     distributions = packages_distributions()
     for library in libraries:
-        root = library.partition(":")[0].split(".")[0]
+        root = library_name(library)
         if root not in found and (root in distributions or of(root) != "not installed"):
             found[root] = of(distributions[root][0]) if root in distributions else of(root)
     return found
