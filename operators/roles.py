@@ -39,6 +39,11 @@ LAYOUT_WORDS = ("pad", "shuffle", "unfold", "flip", "roll", "rot90", "tile", "re
                 "transpose", "rearrange", "crop", "resize")
 
 
+def compute_heavy(ops) -> bool:
+    """Whether a chain of these ops holds a compute-heavy one (an anchor or a normalisation)."""
+    return any(role_of(op) in COMPUTE_HEAVY for op in ops)
+
+
 def role_of(name: str) -> str:
     """The role of an op named `name` (`torch.nn.Conv2d`, `transformers.models...LlamaRMSNorm`,
     `kornia.filters.box_blur`). A name no rule knows is an epilogue: an op that maps a

@@ -6,6 +6,7 @@ from huggingface_hub import DatasetCard, DatasetCardData
 
 from filters.sandbox.checks import SANDBOX_REASONS, glossary
 from outputs.schema import SAMPLE_COLUMNS, SAMPLE_SCHEMA
+from outputs.stats import ranked
 
 CITATION = """@misc{{opsynth_kernel_tasks,
   title        = {{opsynth kernel tasks}},
@@ -160,7 +161,7 @@ def _op_frequency(stats: dict) -> list[str]:
     return [f"The {len(stats['op_frequency'])} most frequent ops; "
             + (f"{heavy:.1%} of samples hold a compute-heavy op (a matmul, convolution, attention, recurrent "
                "cell or normalisation)." if heavy is not None else ""), "",
-            *_table(["op", "samples"], sorted(stats["op_frequency"].items(), key=lambda item: (-item[1], item[0]))), ""]
+            *_table(["op", "samples"], ranked(stats["op_frequency"])), ""]
 
 
 def _decontamination(stats: dict) -> list[str]:

@@ -8,6 +8,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from outputs.stats import ranked  # noqa: E402
+
 PLOTS = {
     "op_count_mix": "Accepted samples by number of fused ops, against the target mix",
     "op_frequency": "Most frequent ops",
@@ -64,8 +66,7 @@ def _op_count_mix(stats: dict, folder: Path) -> str:
 
 
 def _op_frequency(stats: dict, folder: Path) -> str:
-    # most frequent at the top (stats.json keeps its keys sorted by name)
-    frequency = dict(sorted((stats.get("op_frequency") or {}).items(), key=lambda item: (-item[1], item[0])))
+    frequency = dict(ranked(stats.get("op_frequency") or {}))
     names = [_short_name(name) for name in frequency][::-1]
     figure, axes = plt.subplots(figsize=(6, 0.25 * len(names) + 1.2), dpi=100)
     axes.set_title(PLOTS["op_frequency"])

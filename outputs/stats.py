@@ -5,7 +5,7 @@ from collections import Counter
 
 from filters.sandbox.checks import CHECKS
 from operators.records import Candidate, Verdict
-from operators.roles import COMPUTE_HEAVY, role_of
+from operators.roles import compute_heavy
 
 # The order candidates meet the stages in; the funnel reports them in this order.
 STAGES = ("compose", "static", "sandbox", *(check.stage for check in CHECKS), "decontaminate", "dedupe")
@@ -26,7 +26,7 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
         "op_count_mix": _sorted_counts(len(c.ops) for c, _ in accepted),
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "op_frequency": dict(Counter(op for c, _ in accepted for op in c.ops).most_common(TOP_OPS)),
-        "compute_heavy_share": _share(any(role_of(op) in COMPUTE_HEAVY for op in c.ops) for c, _ in accepted),
+        "compute_heavy_share": share(compute_heavy(c.ops) for c, _ in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
         "time_by_check_s": time_by_check(records),
         "gpu_gate_s": gpu_gate(records),
@@ -91,10 +91,15 @@ def histogram(values: list[float | None], edges: tuple = HISTOGRAM_EDGES_MS) -> 
     return {"edges": list(edges), "counts": counts}
 
 
-def _share(flags) -> float | None:
+def share(flags) -> float | None:
     """The share of true flags, or None when there are none to count."""
     flags = list(flags)
     return round(sum(flags) / len(flags), 3) if flags else None
+
+
+def ranked(counts: dict) -> list[tuple]:
+    """(key, count) pairs, the largest count first (stats.json keeps its keys sorted by name)."""
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 def _sorted_counts(values) -> dict:

@@ -16,7 +16,7 @@ def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time
     include what earlier invocations decided (`resumed_candidates`), its clock does not."""
     return {
         "device": device, "composer": cfg.composer, "sampling": cfg.sampling, "seed": cfg.seed,
-        "window_ms": list(cfg.window_ms), "op_count_target": _shares(cfg.op_count_mix),
+        "window_ms": list(cfg.window_ms), "op_count_target": shares(cfg.op_count_mix),
         "atol": cfg.atol, "rtol": cfg.rtol, "determinism_tol": cfg.determinism_tol,
         "reference": cfg.reference, "reference_revision": reference.revision if reference else None,
         "decontaminated": reference is not None, "similarity_threshold": cfg.similarity_threshold,
@@ -27,7 +27,7 @@ def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time
     }
 
 
-def _shares(mix: dict) -> dict:
+def shares(mix: dict) -> dict:
     total = sum(mix.values())
     return {str(key): round(value / total, 4) for key, value in sorted(mix.items())}
 

@@ -27,11 +27,14 @@ from filters.sandbox.pool import SandboxOptions, WorkerPool
 from filters.sandbox.validate import validate
 from operators.catalog import load_or_crawl, read_catalog
 from operators.records import Candidate, task_id
-from operators.roles import COMPUTE_HEAVY, role_of
+from operators.roles import compute_heavy
 from operators.task import imported_packages
 from operators.usage import op_usage
 from pipeline.composers.template import SAMPLINGS, CompositionFailed, TemplateComposer
+from outputs.stats import share
 from pipeline.config import DEFAULT_LIBRARIES, RunConfig
+from pipeline.devices import gpu_share_gb
+from pipeline.run_info import shares
 
 PERCENTILES = (10, 25, 50, 75, 90)
 
@@ -60,7 +63,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="opsynth-bench-") as folder:
         options = SandboxOptions(device=args.device, threads=max(1, (os.cpu_count() or 1) // args.workers),
                                  timing_lock_dir=os.path.join(folder, "locks") if cuda else None,
-                                 gpu_memory_gb=gpu_share_gb(args.workers) if cuda else None)
+                                 gpu_memory_gb=gpu_share_gb([0], args.workers) if cuda else None)
         config = {**check_config(defaults, args.device), "memory_budget_gb":
                   options.gpu_memory_gb / 3 if options.gpu_memory_gb else None}
         with WorkerPool(args.workers, options) as pool:
@@ -101,26 +104,19 @@ def check_config(defaults: RunConfig, device: str) -> dict:
             "target_ms": defaults.target_ms, "max_task_memory_gb": defaults.max_task_memory_gb}
 
 
-def gpu_share_gb(workers: int) -> float:
-    import torch
-    return 0.9 * torch.cuda.get_device_properties(0).total_memory / 2**30 / workers
-
-
 def summarize(candidates, verdicts, defaults: RunConfig, seconds: float) -> dict:
     accepted = [c for c, v in zip(candidates, verdicts) if v.passed]
     eager = sorted(v.metrics["eager_ms"] for v in verdicts if v.passed and "eager_ms" in v.metrics)
     counts = Counter(len(c.ops) for c in accepted)
-    total = sum(defaults.op_count_mix.values())
     return {
         "candidates": len(candidates), "accepted": len(accepted),
         "acceptance": round(len(accepted) / max(1, len(candidates)), 3),
         "validate_s": round(seconds, 1),
-        "compute_heavy": share(any(role_of(op) in COMPUTE_HEAVY for op in c.ops) for c in accepted),
-        "led_by_compute_heavy": share(any(role_of(op) in COMPUTE_HEAVY for op in c.ops[:2]) for c in accepted
-                                      if len(c.ops) > 1),
+        "compute_heavy": share(compute_heavy(c.ops) for c in accepted),
+        "led_by_compute_heavy": share(compute_heavy(c.ops[:2]) for c in accepted if len(c.ops) > 1),
         "top_ops": Counter(op for c in accepted for op in c.ops).most_common(20),
-        "op_count_mix": {n: round(counts[n] / max(1, len(accepted)), 3) for n in sorted(defaults.op_count_mix)},
-        "op_count_target": {n: round(w / total, 3) for n, w in sorted(defaults.op_count_mix.items())},
+        "op_count_mix": {str(n): round(counts[n] / max(1, len(accepted)), 3) for n in sorted(defaults.op_count_mix)},
+        "op_count_target": shares(defaults.op_count_mix),
         "library_mix": dict(Counter(c.data_source.split("#")[0] for c in accepted)),
         "eager_ms": percentiles(eager),
         "rejected_by_reason": dict(Counter(v.reason for v in verdicts if not v.passed).most_common(8)),
@@ -135,11 +131,6 @@ def time_reference(folder: Path, pool, config: dict) -> dict:
     eager = sorted(v.metrics["eager_ms"] for v in verdicts if "eager_ms" in v.metrics)
     untimed = Counter(v.reason for v in verdicts if "eager_ms" not in v.metrics)
     return {"tasks": len(tasks), "timed": len(eager), "eager_ms": percentiles(eager), "untimed": dict(untimed)}
-
-
-def share(flags) -> float | None:
-    flags = list(flags)
-    return round(sum(flags) / len(flags), 3) if flags else None
 
 
 def percentiles(values: list[float]) -> dict:
