@@ -59,6 +59,7 @@ class RunSetup:
     workers: int
     out_dir: Path
     staging: Path
+    usage: dict | None  # calls of each op in real model code, for the template composer's layer sampling
 
 
 def run(cfg: RunConfig) -> dict:
@@ -83,8 +84,10 @@ def run(cfg: RunConfig) -> dict:
         reference = traced(reference, pool, cfg.cache_dir)
         log.info("reference traced: %d of %d tasks compared by what they compute", reference.traced,
                  len(reference.fingerprints))
+    layered = cfg.composer == "template" and cfg.sampling == "layers"
     setup = RunSetup(cfg, catalog, reference, llm, device, gpus, workers, out_dir,
-                     staging_dir(out_dir, run_fingerprint(cfg, device)))
+                     staging_dir(out_dir, run_fingerprint(cfg, device)),
+                     op_usage([spec.name for spec in catalog], cfg.libraries) if layered else None)
     records = drop_near_duplicates(read_rounds(setup.staging), cfg.dedupe_threshold)
     next_index = max((c.provenance.get("index", -1) for c, _ in records), default=-1) + 1
     resumed = len(records), sum(v.passed for _, v in records)  # (decided, accepted) by earlier invocations
@@ -226,13 +229,11 @@ def _run_round(setup: RunSetup, jobs: list[dict], prior_ids: set[str], path: Pat
     cfg, llm = setup.cfg, setup.llm
     sandbox = sandbox_options(cfg, setup.device, setup.gpus, setup.workers, setup.out_dir)
     check_config = _check_config(cfg, setup.device, sandbox)
-    layered = cfg.composer == "template" and cfg.sampling == "layers"
-    usage = op_usage([spec.name for spec in setup.catalog], cfg.libraries) if layered else None  # cached after round one
     with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
         batch = 2 * llm.concurrency if llm else 16
         candidates, compose_rejects = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> ComposeCandidates(
             cfg.composer, setup.catalog, cfg.seed, batch, op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix,
-            sampling=cfg.sampling, usage=usage, llm_settings=llm, cache_dir=cfg.cache_dir))
+            sampling=cfg.sampling, usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir))
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, setup.workers,
                                                                       setup.gpus or None, verdicts_dir(cfg.cache_dir),

@@ -71,6 +71,7 @@ class TemplateComposer:
         self.by_role: dict[str, list[OpSpec]] = {}
         for spec in self.base:
             self.by_role.setdefault(role_of(spec.name), []).append(spec)
+        self.coverage_orders: dict[int, list[OpSpec]] = {}  # run seed -> its permutation of the catalog
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list:
         """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits."""
@@ -111,7 +112,10 @@ class TemplateComposer:
         the next op of a permutation of the catalog that depends only on the run seed."""
         if index % COVERAGE_EVERY:
             return None
-        order = sorted(self.base, key=lambda spec: (zlib.crc32(f"{run_seed}:{spec.name}".encode()), spec.name))
+        if run_seed not in self.coverage_orders:
+            self.coverage_orders[run_seed] = sorted(
+                self.base, key=lambda spec: (zlib.crc32(f"{run_seed}:{spec.name}".encode()), spec.name))
+        order = self.coverage_orders[run_seed]
         return order[(index // COVERAGE_EVERY) % len(order)]
 
     def _try_layer(self, rng: random.Random, num_ops: int, lead_pool: list[OpSpec] | None,
@@ -137,10 +141,10 @@ class TemplateComposer:
         chain: list[BoundOp] = []
         shape = layout.sizes
         for position, pool in enumerate(pools):
-            last = position == num_ops - 1
+            last, used = position == num_ops - 1, {b.spec.name for b in chain}
             fitting = lambda specs: [spec for spec in specs  # noqa: E731
                                      if layout.name in (spec.layouts if last else spec.keeps_rank)
-                                     and spec.name not in {b.spec.name for b in chain}]
+                                     and spec.name not in used]
             # A catalog with no op of this role for this layout (one added library alone) lends any op.
             choices = fitting(pool) or fitting(self.base)
             if not choices:
@@ -155,10 +159,9 @@ class TemplateComposer:
         chain: list[BoundOp] = []
         shape = layout.sizes
         for position in range(num_ops):
-            last = position == num_ops - 1
+            last, used = position == num_ops - 1, {b.spec.name for b in chain}
             choices = [spec for spec in (first_pool if position == 0 else self.base)
-                       if layout.name in (spec.layouts if last else spec.keeps_rank)
-                       and spec.name not in {b.spec.name for b in chain}]
+                       if layout.name in (spec.layouts if last else spec.keeps_rank) and spec.name not in used]
             if not choices:
                 return None
             shape = _append(chain, rng.choice(choices), layout, shape)
