@@ -2,7 +2,8 @@
 
 The corpus is transformers' modeling files (the code the crawl inlines layers from) and the
 source of every added library. Calls are found with regular expressions over the source
-text: an AST walk of the 538 modeling files takes ~10 s on a 2-core machine, this about one.
+text: on a 2-core machine, parsing the 538 modeling files into ASTs alone took 5.9 s; this
+pass, kornia included, 3.1 s.
 A call's first name is resolved through the file's imports, so `nn.Linear(`, `F.gelu(` and
 `torch.nn.functional.gelu(` each count for their op; a method call such as `x.softmax(`
 counts for the torch function of that name; a library's own names count by their last part

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from filters.sandbox.checks import CHECKS
+from filters.sandbox.checks import CHECK_STAGES
 from operators.records import Candidate, Verdict
 from operators.roles import compute_heavy
 
 # The order candidates meet the stages in; the funnel reports them in this order.
-STAGES = ("compose", "static", "sandbox", *(check.stage for check in CHECKS), "decontaminate", "dedupe")
+STAGES = ("compose", "static", "sandbox", *CHECK_STAGES, "decontaminate", "dedupe")
 HISTOGRAM_EDGES_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 TOP_OPS = 20
 SIMILARITY_EDGES = (0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0001)

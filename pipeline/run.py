@@ -20,7 +20,7 @@ from pathlib import Path
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from filters.sandbox.checks import CHECKS
+from filters.sandbox.checks import CHECK_STAGES
 from filters.sandbox.pool import SandboxOptions, shared_pool
 from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_parquet,
                                           read_tasks, traced)
@@ -222,7 +222,7 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
             "max_task_memory_gb": cfg.max_task_memory_gb,
             "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None,
             "op_graph": GRAPH_VERSION,  # verdicts stored before tracing carry no op sequence
-            "checks": [check.stage for check in CHECKS]}  # verdicts stored before a check was added do not count
+            "checks": list(CHECK_STAGES)}  # verdicts stored before a check was added do not count
 
 
 def _run_round(setup: RunSetup, jobs: list[dict], prior_ids: set[str], path: Path) -> None:

@@ -43,8 +43,8 @@ def versions(libraries=()) -> dict:
     found = {"opsynth": of("opsynth"), "torch": of("torch"), "transformers": of("transformers"),
              "apache_beam": of("apache-beam"), "python": platform.python_version(), "platform": sys.platform}
     distributions = packages_distributions()
-    for library in libraries:
-        root = library_name(library)
-        if root not in found and (root in distributions or of(root) != "not installed"):
-            found[root] = of(distributions[root][0]) if root in distributions else of(root)
+    for root in sorted({library_name(library) for library in libraries} - set(found)):
+        installed = of(distributions.get(root, [root])[0])
+        if installed != "not installed":  # a registered source's name is no package
+            found[root] = installed
     return found

@@ -293,6 +293,7 @@ def gated_inductor(gate: GpuGate):
 
 CHECKS: tuple[Check, ...] = (Executes(), InTimingWindow(), Deterministic(), DependsOnInput(), NothingDead(),
                              Compiles())
+CHECK_STAGES = tuple(check.stage for check in CHECKS)
 
 
 # What every run of the checks reads, beside each check's own `defaults`; together, the
