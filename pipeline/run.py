@@ -27,7 +27,7 @@ from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, Reference
 from operators.catalog import load_or_crawl
 from operators.records import Candidate, OpSpec, task_id
 from operators.sources import library_name
-from operators.task import imported_packages
+from operators.task import library_ops
 from operators.usage import op_usage
 from outputs.dataset import write_dataset
 from pipeline.composers.llm import LLMSettings
@@ -164,7 +164,7 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
         accepted, failed = (pipeline | "Tasks" >> beam.Create(candidates)
                             | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
-                                                               verdicts_dir(cfg.cache_dir), imported_libraries(cfg)))
+                                                               verdicts_dir(cfg.cache_dir), added_library_ops(cfg)))
         (accepted, failed) | "AllRecords" >> beam.Flatten() | "Write" >> WriteRecords(str(path))
     records = read_jsonl(path)
     stop = f"validated all {len(candidates)} tasks of {tasks}"
@@ -237,7 +237,7 @@ def _run_round(setup: RunSetup, jobs: list[dict], prior_ids: set[str], path: Pat
         unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
         accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, setup.workers,
                                                                       setup.gpus or None, verdicts_dir(cfg.cache_dir),
-                                                                      imported_packages(setup.catalog))
+                                                                      library_ops(setup.catalog))
         similar = pipeline | "NoReference" >> beam.Create([])
         if setup.reference:
             accepted, similar = accepted | "Decontaminate" >> Decontaminate(setup.reference.fingerprints,
@@ -246,13 +246,16 @@ def _run_round(setup: RunSetup, jobs: list[dict], prior_ids: set[str], path: Pat
          | "Write" >> WriteRecords(str(path)))
 
 
-def imported_libraries(cfg: RunConfig) -> frozenset[str]:
-    """The root modules of the run's added op libraries, which tasks handed to `validate`
-    may import (the static check's allowlist grows by them; a run's own tasks import what
-    its catalog's ops need, operators.task.imported_packages). torch is always allowed;
-    transformers layers are inlined, so their tasks import nothing of it."""
-    roots = {library_name(library) for library in cfg.libraries}
-    return frozenset(roots - {"torch", "transformers"})
+def added_library_ops(cfg: RunConfig) -> frozenset[str]:
+    """The ops of the run's added libraries that tasks handed to `validate` may use, by
+    dotted name (the static check allows exactly those, and the modules that hold them; a
+    run's own tasks use its catalog's, operators.task.library_ops). torch is always allowed;
+    transformers layers are inlined, so their tasks use nothing of it."""
+    added = [library for library in cfg.libraries if library_name(library) not in ("torch", "transformers")]
+    if not added:
+        return frozenset()
+    _, catalog = load_or_crawl(added, Path(cfg.cache_dir))
+    return library_ops(catalog)
 
 
 def _load_reference(cfg: RunConfig) -> ReferenceSet | None:

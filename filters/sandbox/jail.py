@@ -185,12 +185,24 @@ def drop_privileges() -> str:
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
+    _not_dumpable()
     with open("/proc/self/status") as status:
         fields = dict(line.split(":", 1) for line in status if ":" in line)
     if os.getuid() == 0 or os.geteuid() == 0 or int(fields["CapEff"], 16) or fields["NoNewPrivs"].strip() != "1":
         raise SystemExit(f"opsynth worker: refusing to run tasks as uid {os.getuid()} with capabilities "
                          f"{fields['CapEff'].strip()} and no_new_privs {fields['NoNewPrivs'].strip()}")
     return f"uid {os.getuid()}, gid {os.getgid()}, no capabilities, no_new_privs, seccomp {fields['Seccomp'].strip()}"
+
+
+def _not_dumpable() -> None:
+    """No process of the same uid may open this one's /proc descriptors or memory (a child
+    running a task could otherwise write into the zygote's channel to the pool). Changing
+    uid, as root does, already clears the flag; a worker of any other user sets it here.
+    Children inherit it."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+        raise SystemExit(f"opsynth worker: prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}")
 
 
 def redact(text: str, secrets: tuple[str, ...] | None = None) -> str:

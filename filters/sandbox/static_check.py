@@ -2,16 +2,23 @@
 
 An allowlist of what a task may reach, not a list of names it may not write:
 - imports: torch and its op namespaces (nn, nn.functional, nn.init, fft, linalg, special),
-  a few pure stdlib modules, and the run's own op libraries; every alias and from-import is
-  resolved, so `import torch as T; T.hub` is `torch.hub`;
+  a few pure stdlib modules, and, of an added op library, the modules that hold the run's
+  catalog ops; every alias and from-import is resolved, so `import torch as T; T.hub` is
+  `torch.hub`;
 - every attribute chain rooted at an import is resolved against the real module: it may pass
   only through allowed namespaces and end at a public object that is not a module (module
   objects are never values), not a denied call, and not something that leaves the run's
-  libraries (`dataclasses.builtins`, `torch.os`);
+  libraries (`dataclasses.builtins`, `torch.os`); nothing private lies past that object
+  (`torch.UntypedStorage._new_shared_filename_cpu`);
+- of an added library, a chain must end at one of the catalog's ops, exactly: a library's
+  other public names are its own business, and one helper is enough to hand a task the
+  interpreter (kornia's `LazyLoader("os")`);
 - builtins: a safe set; the rest (getattr, eval, open, type, vars, ...) may be neither used nor
   shadowed, and no name an import binds may be bound again;
 - no dunder attribute, name or string ("__globals__" is a string too), no dunder method but
   `__init__`, no frame or code object attribute, no metaclass, no global state, no async;
+- no private attribute of nn.Module's or a tensor's own (`self._modules`, `self._apply`),
+  only the task's own private names;
 - no attribute write rooted at a module, and none that replaces a tensor's or an
   nn.Module's own method (`self.t.float = ...`, `self.named_parameters = ...`);
 - no stochastic op outside `__init__`, `reset_parameters`, `get_inputs` and
@@ -88,6 +95,8 @@ INTERFACE = {"Model": ast.ClassDef, "get_inputs": ast.FunctionDef, "get_init_inp
 DUNDER = re.compile(r"__\w+__")
 _MODULE_ATTRIBUTES = frozenset(dir(torch.nn.Module))
 _TENSOR_AND_MODULE_ATTRIBUTES = frozenset(dir(torch.Tensor)) | _MODULE_ATTRIBUTES
+# what an nn.Module or a tensor keeps under a private name, its instance state included
+_PRIVATE_INTERNALS = frozenset(name for name in {*dir(torch.nn.Module()), *dir(torch.empty(0))} if name.startswith("_"))
 
 
 class Rejected(Exception):
@@ -97,14 +106,15 @@ class Rejected(Exception):
         self.reason = reason
 
 
-def static_check(code: str, libraries: frozenset[str] = frozenset()) -> tuple[str, str] | None:
-    """None, or (reason, detail). `libraries` are the run's added op libraries (root module
-    names such as `kornia`): tasks built from them import them."""
+def static_check(code: str, library_ops: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+    """None, or (reason, detail). `library_ops` are the dotted names of the run's ops from
+    added libraries (`kornia.filters.GaussianBlur2d`, operators.task.library_ops): a task may
+    import the modules that hold them and use exactly those objects."""
     try:
         tree = ast.parse(code)
     except SyntaxError as error:
         return "syntax_error", f"line {error.lineno}: {error.msg}"
-    return _interface(tree) or _check(tree, frozenset(libraries))
+    return _interface(tree) or _check(tree, frozenset(library_ops))
 
 
 def screen_definitions(code: str) -> tuple[str, str] | None:
@@ -120,21 +130,26 @@ def _interface(tree: ast.Module):
     return None
 
 
-def _check(tree: ast.Module, libraries: frozenset[str]):
+def _check(tree: ast.Module, library_ops: frozenset[str]):
     try:
-        _Policy(tree, libraries).check()
+        _Policy(tree, library_ops).check()
     except Rejected as rejected:
         return rejected.reason, str(rejected)
     return None
 
 
 class _Policy:
-    def __init__(self, tree: ast.Module, libraries: frozenset[str]):
-        self.tree, self.libraries = tree, libraries
+    def __init__(self, tree: ast.Module, library_ops: frozenset[str]):
+        self.tree = tree
+        self.library_ops = _LibraryOps.of(library_ops)
         self.modules: dict[str, str] = {}  # a name an import binds to a module -> the module's dotted name
         self.objects: dict[str, str] = {}  # a name a from-import binds to an object -> its dotted name
         self.classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
         self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        # private names the task itself gives a value (`self._scale = ...`, `def _helper`)
+        self.own_private = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                            and isinstance(node.ctx, ast.Store)} | {
+            node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
 
     def check(self) -> None:
         for node in ast.walk(self.tree):
@@ -164,6 +179,7 @@ class _Policy:
                     self.modules[alias.asname or alias.name] = found.__name__
                 else:
                     self._allowed_object(dotted, found, node)
+                    self._library_op(dotted, found, [], node)
                     self.objects[alias.asname or alias.name] = dotted
             return
         for alias in node.names:
@@ -175,12 +191,11 @@ class _Policy:
                 self.modules[root] = root
 
     def _allowed_module(self, name: str, node, reached: bool = False) -> None:
-        root = name.split(".")[0]
-        if name in TORCH_NAMESPACES or name in STDLIB_MODULES or root in self.libraries:
+        if name in TORCH_NAMESPACES or name in STDLIB_MODULES or name in self.library_ops.modules:
             return
         if reached:
             raise Rejected("forbidden_call", node, f"the module {name!r} is outside the allowed namespaces")
-        allowed = sorted(TORCH_NAMESPACES | STDLIB_MODULES | self.libraries)
+        allowed = sorted(TORCH_NAMESPACES | STDLIB_MODULES | self.library_ops.modules)
         raise Rejected("forbidden_import", node, f"import of {name!r} (allowed: {', '.join(allowed)})")
 
     def _allowed_object(self, dotted: str, found, node) -> None:
@@ -196,7 +211,20 @@ class _Policy:
             raise Rejected("forbidden_call", node, f"{dotted!r} comes from {home!r}, outside the allowed libraries")
 
     def _roots(self) -> set[str]:
-        return {"torch", *(m.split(".")[0] for m in STDLIB_MODULES), *self.libraries}
+        return {"torch", *(m.split(".")[0] for m in STDLIB_MODULES), *self.library_ops.roots}
+
+    def _library_op(self, dotted: str, found, rest: list[str], node) -> None:
+        """An object reached through an added library's module is one of the run's ops, and
+        the chain ends there: `kornia.filters.GaussianBlur2d`, not `.forward` or `._x`."""
+        module = dotted.rsplit(".", 1)[0]
+        if module not in self.library_ops.modules or module in TORCH_NAMESPACES or module in STDLIB_MODULES:
+            return
+        if not self.library_ops.holds(found):
+            raise Rejected("forbidden_call", node, f"{dotted!r} is not one of the run's ops from its library "
+                                                   f"(a task may use {', '.join(sorted(self.library_ops.names)) or 'none'})")
+        if rest:
+            raise Rejected("forbidden_call", node, f"{dotted}.{'.'.join(rest)}: a library op is called, "
+                                                   "not looked into")
 
     # -- every node ---------------------------------------------------------------------
 
@@ -271,8 +299,11 @@ class _Policy:
             if isinstance(self.parents.get(node), ast.Attribute):
                 return  # checked whole, at the end of the chain
             self._module_chain(self.modules[root] + dotted[len(root):], node)
-        elif attr.startswith("_") and attr not in ALLOWED_DUNDERS and root not in ("self", "cls", *self.classes):
-            raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
+        elif attr.startswith("_") and attr not in ALLOWED_DUNDERS:
+            if root not in ("self", "cls", *self.classes):
+                raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
+            if attr in _PRIVATE_INTERNALS and attr not in self.own_private:
+                raise Rejected("forbidden_call", node, f"private attribute {attr!r} of nn.Module or a tensor")
 
     def _module_chain(self, dotted: str, node) -> None:
         """`torch.nn.functional.relu`: every module on the way allowed, the end not a module."""
@@ -288,6 +319,11 @@ class _Policy:
                     raise Rejected("forbidden_call", node, f"the module {prefix!r} used as a value")
                 continue
             self._allowed_object(prefix, found, node)
+            rest = parts[end:]
+            self._library_op(prefix, found, rest, node)
+            private = [part for part in rest if part.startswith("_") and part not in ALLOWED_DUNDERS]
+            if private:
+                raise Rejected("forbidden_call", node, f"{dotted!r}: {private[0]!r} is private")
             return  # past a class or function: its attributes are checked by name
 
     def _store(self, target: ast.AST) -> None:
@@ -320,6 +356,26 @@ class _Policy:
             if isinstance(node, (ast.FunctionDef, ast.Lambda)):
                 return getattr(node, "name", "<lambda>")
         return None
+
+
+class _LibraryOps:
+    """The run's ops from added libraries: their names, the objects they name and the
+    modules that hold them (every dotted prefix: `kornia`, `kornia.filters`)."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+        self.objects = {id(found) for found in map(_resolve, names) if found is not _MISSING}
+        self.modules = frozenset(".".join(name.split(".")[:end]) for name in names
+                                 for end in range(1, name.count(".") + 1))
+        self.roots = frozenset(name.split(".")[0] for name in names)
+
+    @classmethod
+    @lru_cache(maxsize=64)
+    def of(cls, names: frozenset[str]) -> "_LibraryOps":
+        return cls(names)
+
+    def holds(self, found) -> bool:
+        return id(found) in self.objects
 
 
 def _chain(node: ast.AST) -> tuple[str, str]:

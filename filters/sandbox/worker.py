@@ -13,8 +13,9 @@ and no child forked after that can use it). Then, for each job, it forks a child
 - runs the checks and writes one result on its pipe, then exits.
 A second child of the same kind traces what an accepted task computes (its op sequence, for
 decontamination), under a hard time limit of its own. The zygote bounds each child's time
-and memory, kills its process group, wipes whatever it left in /tmp and /dev/shm, checks the result's shape (`check_result`) and sends it on,
-tagged with the job's id. No state a task can change outlives its job: every child starts
+and memory, kills its process group and every other process left in the jail, wipes
+whatever it left in /tmp and /dev/shm, checks the result's shape (`check_result`) and sends
+it on, tagged with the job's id. No state a task can change outlives its job: every child starts
 from the zygote as it was after its warm-up.
 """
 from __future__ import annotations
@@ -183,6 +184,7 @@ def _in_child(job: dict, options: dict, reasons, body) -> dict:
     finally:
         os.close(read_fd)
         _end(child)
+        _end_strays()
         _wipe()
     return outcome
 
@@ -247,6 +249,23 @@ def _end(child: int) -> None:
         os.waitpid(child, 0)
     except ChildProcessError:
         pass
+
+
+def _end_strays() -> None:
+    """Every process left in the jail but the zygote and the jail's init: a program a child
+    started in a session of its own outlives the kill of the child's process group, and could
+    reach the next job (same uid). kill(-1) reaches exactly those: the jail has its own PID
+    namespace, and the caller and the namespace's init are spared."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:  # nobody left
+        pass
+    while True:  # reap those that were the zygote's own children
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                break
+        except ChildProcessError:
+            break
 
 
 def _wipe() -> None:

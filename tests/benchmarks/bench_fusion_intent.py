@@ -28,7 +28,7 @@ from filters.sandbox.validate import validate
 from operators.catalog import load_or_crawl, read_catalog
 from operators.records import Candidate, task_id
 from operators.roles import compute_heavy
-from operators.task import imported_packages
+from operators.task import library_ops
 from operators.usage import op_usage
 from pipeline.composers.template import SAMPLINGS, CompositionFailed, TemplateComposer
 from outputs.stats import share
@@ -70,7 +70,7 @@ def main() -> None:
             report = {}
             for sampling, (candidates, repeats) in drawn.items():
                 began = time.perf_counter()
-                verdicts = validate(candidates, pool, config, imported_packages(catalog))
+                verdicts = validate(candidates, pool, config, library_ops(catalog))
                 report[sampling] = summarize(candidates, verdicts, defaults, time.perf_counter() - began)
                 report[sampling].update(repeats=repeats, accepted_per_index=round(
                     report[sampling]["accepted"] / args.candidates, 3))

@@ -105,6 +105,27 @@ def test_nothing_a_task_changes_reaches_the_next_job(short_pool):
     assert result["passed"], result
 
 
+def test_no_process_a_job_starts_outlives_it(short_pool):
+    """A program the audit hook lets a child start (a compiler, openssl) in a session of its
+    own escapes the kill of the child's process group; a process left in the worker could
+    reach every later job of the same uid. The zygote ends every process of its jail after
+    each job: the next job finds no one but itself, its zygote and the jail's init."""
+    linger = make_task("""\
+        import subprocess
+        subprocess.Popen(["openssl", "speed", "-seconds", "60", "md5"], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return x * 2.0""")
+    assert run(short_pool, linger)["passed"]
+    census = make_task("""\
+        import os
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]
+        names = [open(f"/proc/{p}/comm").read().strip() for p in others]
+        assert not names, f"still running: {names}"
+        return torch.sigmoid(x).cumsum(-1)""")
+    result = run(short_pool, census)
+    assert result["passed"], result
+
+
 def test_a_job_that_touches_the_zygotes_own_files_retires_its_worker(short_pool):
     """The zygote's precompiled headers are files of the children's uid: a task that gets to
     one (a chmod is not an audited write) ends its worker, and the next job has a new one."""
@@ -152,6 +173,27 @@ def test_validate_runs_the_static_check_before_any_code(pool):
     verdicts = validate([hostile, benign], pool, FAST)
     assert (verdicts[0].stage, verdicts[0].reason) == ("static", "forbidden_import")
     assert verdicts[1].passed
+
+
+# A constant task that writes its own 'accepted' on every descriptor and closes it, so the
+# harness's true verdict never arrives: inside its child it would be believed. It reaches
+# `os` through a helper of an added library (kornia's LazyLoader), which a whole-package
+# allowlist let through: the run's kornia op is allowed, the rest of kornia is not.
+LIBRARY_FORGER = make_task("return x * 0.0", header=f"""\
+import kornia.core.external
+osm = kornia.core.external.LazyLoader("os")
+for fd in range(3, 64):
+    try:
+        osm.write(fd, {json.dumps({**FORGED, "code": None} | {"metrics": {}}).replace('"code": null, ', '')!r}.encode())
+        osm.close(fd)
+    except Exception:
+        pass""")
+
+
+def test_a_task_that_reaches_the_interpreter_through_a_library_helper_never_runs(pool):
+    forger = Candidate("f", ("kornia.filters.GaussianBlur2d",), "kornia#1", LIBRARY_FORGER, "template", 0)
+    [verdict] = validate([forger], pool, FAST, frozenset({"kornia.filters.GaussianBlur2d"}))
+    assert (verdict.stage, verdict.reason, verdict.passed) == ("static", "forbidden_import", False), verdict
 
 
 def test_the_gpu_timing_gate_works_inside_the_jail(cache_dir, tmp_path, monkeypatch):

@@ -45,10 +45,48 @@ def test_dropout_module_in_init_is_allowed_because_the_harness_runs_eval():
     assert static_check(code) is None
 
 
-def test_extra_imports_allow_a_plugin_library():
-    code = make_task("return x", header="import json.decoder")  # any importable library
-    assert static_check(code)[0] == "forbidden_import"
-    assert static_check(code, frozenset({"json"})) is None
+BLUR = frozenset({"kornia.filters.GaussianBlur2d"})
+
+
+@pytest.mark.parametrize("header, forward, verdict", [
+    ("import kornia.filters", "return kornia.filters.GaussianBlur2d((3, 3), (1.5, 1.5))(x)", None),
+    ("from kornia.filters import GaussianBlur2d", "return GaussianBlur2d((3, 3), (1.5, 1.5))(x)", None),
+    ("import kornia.filters as kf", "return kf.GaussianBlur2d((3, 3), (1.5, 1.5))(x)", None),
+    # the library's other names, however public, are not the run's ops
+    ("import kornia.filters", "return kornia.filters.median_blur(x, 3)", "forbidden_call"),
+    ("import kornia.filters", "return kornia.filters.GaussianBlur2d.forward(x)", "forbidden_call"),
+    ("import kornia.core.external", "return x", "forbidden_import"),
+    ("import kornia", "return kornia.core.external.LazyLoader('os').getpid() * x", "forbidden_call"),
+    ("from kornia.core.external import LazyLoader", "return x", "forbidden_import"),
+    ("import einops", "return x", "forbidden_import"),
+])
+def test_an_added_library_gives_a_task_its_ops_and_nothing_else(header, forward, verdict):
+    """kornia.core.external.LazyLoader('os') is the interpreter's os module: a whole-package
+    allowlist let a task write its own verdict with it (see test_sandbox)."""
+    code = make_task(forward.replace("(x)", "(x.reshape(1, 1, 8, 32))").replace("* x", "* x"), header=header)
+    rejected = static_check(code, BLUR)
+    assert (rejected and rejected[0]) == verdict, rejected
+    if verdict is None:
+        assert static_check(code)[0] == "forbidden_import"  # no library ops: not even the op
+
+
+@pytest.mark.parametrize("forward", [
+    "return torch.UntypedStorage._new_shared_filename_cpu(64) and x",
+    "return torch.Tensor._make_subclass(torch.Tensor, x)",
+    "return torch.nn.Module._apply(self, lambda t: t) and x",
+    "return x * len(self._modules)",
+    "self._apply(lambda t: t)\nreturn x",
+])
+def test_nothing_private_past_an_object_nor_of_nn_modules_own(forward):
+    rejected = static_check(make_task(forward))
+    assert rejected is not None and rejected[0] == "forbidden_call", rejected
+
+
+def test_a_tasks_own_private_names_stay_allowed():
+    code = make_task("return self._scaled(x) * self._gain", init="self._gain = 2.0",
+                     header="\n\nclass Helper:\n    pass\n")
+    code = code.replace("    def forward(self, x):", "    def _scaled(self, x):\n        return x * 3\n\n    def forward(self, x):")
+    assert static_check(code) is None
 
 
 def test_inlined_library_code_is_screened_like_a_task():

@@ -69,12 +69,14 @@ def test_beam_processes_of_a_host_share_its_cores_among_all_their_workers(monkey
     assert _sandbox_options(build_config(None, {}), "cpu", [], 2, tmp_path).threads == 4
 
 
-def test_tasks_of_an_added_library_may_import_it_and_nothing_else_is_added():
-    from pipeline.run import imported_libraries
+def test_tasks_handed_to_validate_may_use_the_added_librarys_ops_and_nothing_else(cache_dir):
+    from pipeline.run import added_library_ops
 
-    cfg = build_config(None, {"libraries": ["torch", "kornia.filters", "transformers:llama", "torchvision.ops"]})
-    assert imported_libraries(cfg) == {"kornia", "torchvision"}
-    assert imported_libraries(build_config(None, {})) == frozenset()
+    cfg = build_config(None, {"libraries": ["torch", "kornia.filters", "transformers:llama"],
+                              "cache_dir": str(cache_dir)})
+    ops = added_library_ops(cfg)
+    assert "kornia.filters.BoxBlur" in ops and all(op.startswith("kornia.filters.") for op in ops), ops
+    assert added_library_ops(build_config(None, {})) == frozenset()  # torch and transformers: no crawl
 
 
 def test_a_checks_setting_reaches_the_workers_and_decides_the_runs_identity(tmp_path):
