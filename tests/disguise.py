@@ -139,8 +139,79 @@ def everything(code: str) -> str:
     return products(aliased(identity(helper(reordered(renamed(code))))))
 
 
+# -- rewrites: the same computation in other ops, or in a form the tracer cannot follow ----------
+
+# An activation written out in the ops it is made of; each a lambda so its argument runs once.
+WRITTEN_OUT = {
+    "gelu": "(lambda t: 0.5 * t * (1.0 + torch.erf(t / 1.4142135623730951)))",
+    "silu": "(lambda t: t * (1.0 / (1.0 + torch.exp(-t))))",
+    "sigmoid": "(lambda t: 1.0 / (1.0 + torch.exp(-t)))",
+    "relu": "(lambda t: torch.clamp(t, min=0.0))",
+    "mish": "(lambda t: t * torch.tanh(torch.log(1.0 + torch.exp(t))))",
+    "softplus": "(lambda t: torch.log(1.0 + torch.exp(t)))",
+    "softmax": "(lambda t: (lambda e: e / e.sum(dim=DIM, keepdim=True))(torch.exp(t - t.amax(dim=DIM, keepdim=True))))",
+}
+
+
+class _WriteOut(ast.NodeTransformer):
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else None
+        on_tensor = isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name)
+                                                             and func.value.id in ("torch", "F", "nn"))
+        if name not in WRITTEN_OUT or (on_tensor and name in ("softmax",)):
+            return node
+        args = ([func.value] if on_tensor else []) + node.args
+        if not args or (on_tensor and isinstance(func.value, ast.Name) and func.value.id in ("self",)):
+            return node
+        dim = next((k.value for k in node.keywords if k.arg == "dim"), args[1] if len(args) > 1 else ast.Constant(-1))
+        written = ast.parse(WRITTEN_OUT[name].replace("DIM", ast.unparse(dim)), mode="eval").body
+        return ast.copy_location(ast.Call(written, [args[0]], []), node)
+
+
+def written_out(code: str) -> str:
+    """Every functional activation (F.gelu, torch.sigmoid, x.relu(), torch.softmax, ...)
+    written as the ops it is made of: the same function, other ops on the page."""
+    return ast.unparse(_WriteOut().visit(ast.parse(code)))
+
+
+def guarded(code: str) -> str:
+    """forward's body under a condition on the data that always holds: a tracer on the meta
+    device has no value to decide it by."""
+    tree = ast.parse(code)
+    forward = _method(tree, "forward")
+    first = forward.args.args[1].arg
+    condition = ast.parse(f"if {first}.sum() == {first}.sum():\n    pass\nreturn {first}").body
+    condition[0].body = forward.body
+    forward.body = condition
+    return ast.unparse(tree)
+
+
+def split(code: str) -> str:
+    """The batch computed in two halves and concatenated: every op appears twice."""
+    tree = ast.parse(code)
+    forward = _method(tree, "forward")
+    compute = ast.parse(ast.unparse(forward)).body[0]
+    compute.name = "compute"
+    names = [a.arg for a in forward.args.args[1:]]
+    first, rest = names[0], "".join(f", {n}" for n in names[1:])
+    forward.body = ast.parse(f"half = {first}.shape[0] // 2\n"
+                             f"return torch.cat([self.compute({first}[:half]{rest}), "
+                             f"self.compute({first}[half:]{rest})], dim=0)").body
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    model.body.append(compute)
+    return ast.unparse(tree)
+
+
+def rewritten(code: str) -> str:
+    """Every rewrite above at once, renamed too."""
+    return split(guarded(written_out(renamed(code))))
+
+
 KINDS = {"products": products, "aliased": aliased, "identity": identity, "helper": helper, "reordered": reordered,
          "renamed": renamed, "renumbered": disguise, "everything": everything}
+REWRITES = {"written_out": written_out, "guarded": guarded, "split": split, "rewritten": rewritten}
 
 
 def _method(tree: ast.Module, name: str) -> ast.FunctionDef:

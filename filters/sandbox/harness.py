@@ -13,6 +13,7 @@ import torch
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
 from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
 from filters.sandbox.op_graph import op_graph
+from filters.sandbox.resize import NotResizable, scale_constant
 from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
@@ -101,14 +102,29 @@ def use_compiler_caches(folder: str) -> None:
 
 
 def trace(code: str) -> str | None:
-    """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, traced on
-    the meta device from a fresh load of its code; None when it cannot be traced. It runs
-    the task's code: the worker calls it in a child of its own, under a hard time limit."""
+    """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
+    fresh load of its code; None when it cannot be traced. On the meta device first (nothing
+    allocated or computed); a task whose control flow asks its data for a value is traced
+    again with real tensors on the CPU, at batch size 1. It runs the task's code: the worker
+    calls it in a child of its own, under a hard time limit."""
+    for device, task_code in (("meta", code), ("cpu", _at_batch_one(code))):
+        if task_code is None:
+            continue
+        try:
+            task = load_task(task_code)
+            torch.manual_seed(0)
+            with torch.device(device):
+                model = task.Model(*task.get_init_inputs()).eval()
+                inputs = task.get_inputs()
+            return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
+        except Exception:  # data-dependent code on meta, an op without a meta kernel, ...
+            continue
+    return None
+
+
+def _at_batch_one(code: str) -> str | None:
     try:
-        task = load_task(code)
-        with torch.device("meta"):
-            model = task.Model(*task.get_init_inputs()).eval()
-            inputs = task.get_inputs()
-        return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
-    except Exception:  # data-dependent code, an op without a meta kernel: the textual score remains
-        return None
+        resized, _, _ = scale_constant(code, 0.0)
+    except NotResizable:
+        return code
+    return resized

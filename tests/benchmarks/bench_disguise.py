@@ -4,8 +4,10 @@
 
 Every task of levels 1-3 is traced in the sandbox, then disguised in each way of
 tests/disguise.py (sizes as products, aliased imports, an identity op, a helper method,
-reordered definitions, renamed and renumbered, all together), traced again, and matched
-against the whole reference. Prints, per disguise, how many copies score above the
+reordered definitions, renamed and renumbered, all together) and rewritten in each way
+(activations written out in the ops they are made of, forward under a condition on the
+data, the batch computed in two halves, all three), traced again, and matched against the
+whole reference. Prints, per disguise, how many copies score above the
 threshold with the textual score alone (the score before tracing) and with the combined
 score; the scores between distinct level-2 tasks (false positives among the benchmark's
 own tasks); the scores of template candidates against KernelBench; and the time to match
@@ -19,6 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 from filters.similarity.decontaminate import SimilarityIndex
 from filters.similarity.reference import load_reference, trace_all, traced
@@ -26,7 +29,7 @@ from filters.sandbox.pool import SandboxOptions, WorkerPool
 from filters.similarity.score import fingerprint, score, textual_similarity
 from operators.catalog import crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
-from tests.disguise import KINDS
+from tests.disguise import KINDS, REWRITES
 
 
 def main() -> None:
@@ -36,6 +39,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--cache-dir", default=None, help="traced op sequences (default: a temporary folder)")
+    parser.add_argument("--kinds", nargs="*", default=None, help="disguises and rewrites to run (default: all)")
+    parser.add_argument("--tasks", default=None, help="a folder of .py candidates (default: compose template ones)")
     args = parser.parse_args()
     cache = args.cache_dir or tempfile.mkdtemp(prefix="opsynth-bench-disguise-")
 
@@ -46,21 +51,25 @@ def main() -> None:
               f"in {time.perf_counter() - began:.0f} s")
         index = SimilarityIndex(reference.fingerprints)
         textual_index = SimilarityIndex([replace(fp, graph="") for fp in reference.fingerprints])
-        disguises(reference, index, textual_index, pool, cache, args.threshold)
+        disguises(reference, index, textual_index, pool, cache, args.threshold, args.kinds)
         false_positives(reference, args.threshold)
-        fingerprints = candidates(args.candidates, pool, cache)
+        codes = ([path.read_text() for path in sorted(Path(args.tasks).glob("*.py"))][:args.candidates] if args.tasks
+                 else template_codes(args.candidates, 0))
+        fingerprints = candidates(codes, pool, cache)
     templates(fingerprints, index, textual_index, args.threshold)
-    speed(fingerprints, index, args.threshold)
+    speed(fingerprints, codes, index, args.threshold)
 
 
-def disguises(reference, index, textual_index, pool, cache, threshold) -> None:
+def disguises(reference, index, textual_index, pool, cache, threshold, kinds=None) -> None:
     print(f"\ndisguised copies of every task caught above {threshold} (textual alone -> combined):")
-    for kind, disguise in KINDS.items():
+    for kind, disguise in {**KINDS, **REWRITES}.items():
+        if kinds and kind not in kinds:
+            continue
         copies = []
         for fp, code in zip(reference.fingerprints, reference.codes):
             try:
                 copies.append((fp.name, disguise(code)))
-            except (StopIteration, SyntaxError, ValueError):  # no Model.forward to rewrite
+            except (StopIteration, SyntaxError, ValueError, IndexError):  # no Model.forward (with an input) to rewrite
                 continue
         graphs = trace_all([code for _, code in copies], pool, cache)
         prints = [fingerprint(code, name, graph) for (name, code), graph in zip(copies, graphs)]
@@ -96,11 +105,10 @@ def template_codes(count: int, seed: int) -> list[str]:
             continue
 
 
-def candidates(count, pool, cache) -> list:
-    codes = template_codes(count, 0)
+def candidates(codes, pool, cache) -> list:
     began = time.perf_counter()
     graphs = trace_all(codes, pool, cache)
-    print(f"\n{count} template candidates traced in {time.perf_counter() - began:.0f} s "
+    print(f"\n{len(codes)} template candidates traced in {time.perf_counter() - began:.0f} s "
           f"({sum(bool(g) for g in graphs)} traceable)")
     return [fingerprint(code, f"c{i}", graph) for i, (code, graph) in enumerate(zip(codes, graphs))]
 
@@ -118,20 +126,19 @@ def templates(fingerprints, index, textual_index, threshold) -> None:
         print(f"  {ops}{'+' if ops == 5 else ''} traced ops: {textual} -> {combined} of {total}")
 
 
-def speed(fingerprints, index, threshold, count: int = 10_000) -> None:
+def speed(fingerprints, codes, index, threshold, count: int = 10_000) -> None:
     batch = [replace(fp, name=f"{fp.name}#{i}") for i, fp in zip(range(count), itertools.cycle(fingerprints))]
     began = time.perf_counter()
     flagged = sum(index.match(fp, threshold).similarity > threshold for fp in batch)
     match_s = time.perf_counter() - began
-    each_s = _fingerprint_time()
+    each_s = _fingerprint_time(codes[:200])
     print(f"\n{count} candidates matched against {len(index)} reference tasks in {match_s:.1f} s "
           f"({flagged} flagged); fingerprinting {each_s * 1e3:.2f} ms a candidate, so "
           f"{match_s + each_s * count:.0f} s for {count} end to end (tracing is part of validation)")
 
 
-def _fingerprint_time() -> float:
-    """Seconds to fingerprint one candidate (parse, canonicalise, encode), over 200 of them."""
-    codes = template_codes(200, 1)
+def _fingerprint_time(codes: list[str]) -> float:
+    """Seconds to fingerprint one candidate (parse, canonicalise, encode), over these."""
     began = time.perf_counter()
     for i, code in enumerate(codes):
         fingerprint(code, str(i), "mm add relu")
