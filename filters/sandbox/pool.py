@@ -89,8 +89,10 @@ class Worker:
         self.info: dict = {}
         self.jobs = itertools.count()
         self.log_tail: deque[str] = deque(maxlen=5)
+        self.host_fault = False  # the last job ended by the worker's failure, not by its task
 
     def run(self, job: dict) -> dict:
+        self.host_fault = False
         if not self.alive():
             self.start()
         job_id = f"{os.getpid()}-{id(self)}-{next(self.jobs)}"
@@ -170,6 +172,7 @@ class Worker:
         outcome = self._read(backstop_s)
         if outcome == "timeout":  # the zygote kept no limit of its own: the worker is not trusted
             self.stop()
+            self.host_fault = True
             return _finish(job, failure("timeout", f"the worker gave no result within {backstop_s:.0f} s; "
                                                    "it was killed"))
         if not isinstance(outcome, dict):
@@ -189,6 +192,7 @@ class Worker:
     def _died(self, job: dict) -> dict:
         code = self.process.wait() if self.process else None
         self.stop()
+        self.host_fault = True
         if code is not None and code < 0:
             return _finish(job, failure("crashed", f"the worker died from {signal.Signals(-code).name}"))
         return _finish(job, failure("crashed", f"the worker exited with code {code} before answering"))
@@ -227,11 +231,19 @@ class WorkerPool:
         return [future.result() for future in [self.submit(job) for job in jobs]]
 
     def _run_one(self, job: dict) -> dict:
-        worker = self.idle.get()
-        try:
-            return worker.run(job)
-        finally:
-            self.idle.put(worker)
+        """The job's result. A worker that dies under a job, or keeps no limit of its own, is
+        the host's fault, not the task's (a task's own hang, crash or memory is its zygote's
+        verdict): the job runs once more on a fresh worker, and only a second such end stands."""
+        for _ in range(2):
+            worker = self.idle.get()
+            try:
+                result = worker.run(job)
+                host_fault = worker.host_fault
+            finally:
+                self.idle.put(worker)
+            if not host_fault:
+                return result
+        return {**result, "detail": f"{result['detail']} (twice, on fresh workers)"[:MAX_DETAIL]}
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

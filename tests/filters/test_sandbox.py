@@ -52,6 +52,28 @@ def test_hostile_tasks_get_a_reason_and_cost_their_job_not_the_worker(short_pool
     assert worker.process.pid == zygote  # the warm worker lived through all of them
 
 
+def test_a_hang_queued_before_benign_tasks_costs_them_nothing(short_pool):
+    """One worker: the hang runs first, and the benign tasks wait in the pool's queue. Their
+    limits count their own work, not the queue: each gets its own verdict."""
+    hang, *benign = [short_pool.submit({"code": code, "config": FAST}) for code in (HOSTILE["timeout"], BENIGN, BENIGN)]
+    assert hang.result()["reason"] == "timeout"
+    assert all(future.result()["passed"] for future in benign), [future.result() for future in benign]
+
+
+def test_a_worker_that_dies_under_a_job_costs_the_job_nothing(short_pool):
+    """Killed from outside (the host's doing, not the task's): the job runs again on a fresh
+    worker and gets its own verdict. A worker killed twice under the same job is a crash."""
+    slow = make_task("return torch.sigmoid(x).cumsum(-1)", header="import time\ntime.sleep(2)")  # at each load
+    short_pool.workers[0].start()
+    first = short_pool.workers[0].process.pid
+    future = short_pool.submit({"code": slow, "config": FAST})
+    time.sleep(1.0)
+    os.killpg(first, 9)
+    result = future.result()
+    assert result["passed"], result
+    assert short_pool.workers[0].process.pid != first
+
+
 def test_a_forged_verdict_reaches_no_job(short_pool):
     """At import, a task writes an 'accepted' result carrying other code to every descriptor
     it might hold and to stdout: its own job is refused, and the jobs after it on the same
