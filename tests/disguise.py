@@ -103,12 +103,17 @@ def identity(code: str) -> str:
 
 def helper(code: str) -> str:
     """forward's body moved into a helper method that forward calls."""
+    return _delegated(code, lambda names: f"return self.compute({', '.join(names)})")
+
+
+def _delegated(code: str, forward_body) -> str:
+    """forward's body moved into a method `compute`; forward's new body is
+    `forward_body(its argument names)`."""
     tree = ast.parse(code)
     forward = _method(tree, "forward")
     compute = ast.parse(ast.unparse(forward)).body[0]
     compute.name = "compute"
-    names = [a.arg for a in forward.args.args[1:]]
-    forward.body = ast.parse(f"return self.compute({', '.join(names)})").body
+    forward.body = ast.parse(forward_body([a.arg for a in forward.args.args[1:]])).body
     model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
     model.body.append(compute)
     return ast.unparse(tree)
@@ -190,18 +195,11 @@ def guarded(code: str) -> str:
 
 def split(code: str) -> str:
     """The batch computed in two halves and concatenated: every op appears twice."""
-    tree = ast.parse(code)
-    forward = _method(tree, "forward")
-    compute = ast.parse(ast.unparse(forward)).body[0]
-    compute.name = "compute"
-    names = [a.arg for a in forward.args.args[1:]]
-    first, rest = names[0], "".join(f", {n}" for n in names[1:])
-    forward.body = ast.parse(f"half = {first}.shape[0] // 2\n"
-                             f"return torch.cat([self.compute({first}[:half]{rest}), "
-                             f"self.compute({first}[half:]{rest})], dim=0)").body
-    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
-    model.body.append(compute)
-    return ast.unparse(tree)
+    def halves(names):
+        first, rest = names[0], "".join(f", {n}" for n in names[1:])
+        return (f"half = {first}.shape[0] // 2\n"
+                f"return torch.cat([self.compute({first}[:half]{rest}), self.compute({first}[half:]{rest})], dim=0)")
+    return _delegated(code, halves)
 
 
 def rewritten(code: str) -> str:

@@ -1,24 +1,24 @@
 """What a task computes, whatever its spelling: the ordered ATen ops of one forward call.
 
 Run inside the sandbox (it executes the task): a dispatch mode records every ATen op one
-forward call runs, and which op made each tensor it reads. Python-level spelling is gone by then: aliases, helper methods,
-nn.Sequential or explicit calls, module or functional form, size constants written as
-products or moved into get_init_inputs all trace to the same ops. The model and inputs are
+forward call runs, and which op made each tensor it reads. Python-level spelling is gone by
+then: aliases, helper methods, nn.Sequential or explicit calls, module or functional form,
+size constants written as products or moved into get_init_inputs all trace to the same ops. The model and inputs are
 built on the meta device (no memory, no arithmetic); a task whose control flow depends on
 its data has no value to decide by there, and is traced again on the CPU with real tensors
 at batch size 1 (harness.trace), so the branch it takes is recorded.
 
 A composite op a task calls is recorded by its name (`gelu`, `layer_norm`); a run of ops
 that is exactly a composite's decomposition (torch's own, `COMPOSITES`) is named as that
-composite (`refused`): a task that writes an activation out by hand
+composite (`named_composites`): a task that writes an activation out by hand
 (`0.5 * x * (1 + erf(x / sqrt 2))`) and one that calls `F.gelu` both read `gelu`, while
 tasks that only share generic arithmetic do not look alike. The trace is canonicalised:
 - what does not reach the output is dropped (dead code: a condition's arithmetic);
 - a cat or stack of the same computation on parts of one tensor is that computation once
   (the batch in two halves, a Python loop over samples);
 - layout-only ops (views, reshapes, transposes, copies, casts) and allocations are dropped,
-  and so are selection ops (comparisons, where, masked_fill) that decompositions add to guard
-  edge cases a hand-written form leaves out;
+  and so are selection ops (comparisons, where, masked_fill): decompositions add them to
+  guard edge cases a hand-written form leaves out;
 - identity arithmetic is dropped (x * 1, x / 1, x + 0, x - 0, x ** 1);
 - one name for each family a rewrite moves between: subtraction is addition, division and
   negation are multiplication, a mean is a sum and a multiplication, clamp at 0 is relu;
@@ -48,7 +48,7 @@ LAYOUT_ONLY = frozenset({
 })
 SELECTION = frozenset({"where", "gt", "lt", "ge", "le", "eq", "ne", "masked_fill", "logical_not", "logical_and",
                        "logical_or", "isnan", "isinf", "isfinite"})
-# Traced as the ops they are made of (torch's own decompositions).
+# The composites whose decompositions (torch's own) `_composite_runs` records, to name a hand-written run.
 DECOMPOSED = ("gelu", "silu", "mish", "softplus", "sigmoid", "hardswish", "hardsigmoid", "elu", "selu", "celu",
               "leaky_relu", "hardtanh", "relu6", "_softmax", "_log_softmax", "logsumexp", "glu", "log_sigmoid_forward",
               "native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit_no_training",
@@ -69,7 +69,7 @@ def op_graph(model: torch.nn.Module, inputs: list) -> list[str]:
     recorder = _Recorder()
     with torch.no_grad(), recorder:
         out = model(*inputs)
-    return refused(_primitives(recorder, out))
+    return named_composites(_primitives(recorder, out))
 
 
 def _primitives(recorder: "_Recorder", out) -> list[str]:
@@ -78,7 +78,7 @@ def _primitives(recorder: "_Recorder", out) -> list[str]:
     return [op for node in nodes if node not in merged for op in canonical(node)]
 
 
-def refused(ops: list[str]) -> list[str]:
+def named_composites(ops: list[str]) -> list[str]:
     """`ops` with every run that is exactly a composite's decomposition named as the
     composite (the longest first)."""
     runs = _composite_runs()

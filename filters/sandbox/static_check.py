@@ -220,8 +220,9 @@ class _Policy:
         if module not in self.library_ops.modules or module in TORCH_NAMESPACES or module in STDLIB_MODULES:
             return
         if not self.library_ops.holds(found):
-            raise Rejected("forbidden_call", node, f"{dotted!r} is not one of the run's ops from its library "
-                                                   f"(a task may use {', '.join(sorted(self.library_ops.names)) or 'none'})")
+            allowed = sorted(self.library_ops.names)
+            raise Rejected("forbidden_call", node, f"{dotted!r} is not one of the run's {len(allowed)} ops from its "
+                                                   f"library ({', '.join(allowed[:4])}{', ...' if len(allowed) > 4 else ''})")
         if rest:
             raise Rejected("forbidden_call", node, f"{dotted}.{'.'.join(rest)}: a library op is called, "
                                                    "not looked into")
@@ -299,6 +300,11 @@ class _Policy:
             if isinstance(self.parents.get(node), ast.Attribute):
                 return  # checked whole, at the end of the chain
             self._module_chain(self.modules[root] + dotted[len(root):], node)
+        elif root in self.objects and not isinstance(self.parents.get(node), ast.Attribute):
+            parts = dotted.split(".")[1:]
+            self._library_op(self.objects[root], _resolve(self.objects[root]), parts, node)
+            if attr.startswith("_") and attr not in ALLOWED_DUNDERS:
+                raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
         elif attr.startswith("_") and attr not in ALLOWED_DUNDERS:
             if root not in ("self", "cls", *self.classes):
                 raise Rejected("forbidden_call", node, f"private attribute {attr!r}")

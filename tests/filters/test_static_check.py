@@ -55,6 +55,7 @@ BLUR = frozenset({"kornia.filters.GaussianBlur2d"})
     # the library's other names, however public, are not the run's ops
     ("import kornia.filters", "return kornia.filters.median_blur(x, 3)", "forbidden_call"),
     ("import kornia.filters", "return kornia.filters.GaussianBlur2d.forward(x)", "forbidden_call"),
+    ("from kornia.filters import GaussianBlur2d", "return GaussianBlur2d.forward(x)", "forbidden_call"),
     ("import kornia.core.external", "return x", "forbidden_import"),
     ("import kornia", "return kornia.core.external.LazyLoader('os').getpid() * x", "forbidden_call"),
     ("from kornia.core.external import LazyLoader", "return x", "forbidden_import"),
