@@ -111,24 +111,29 @@ COMPOSITES = (
     ("batch_norm", lambda x: F.batch_norm(x, torch.zeros(8), torch.ones(8), torch.ones(8), torch.zeros(8))),
     ("instance_norm", lambda x: F.instance_norm(x)),
 )
+_COMPOSITE_NAMES = frozenset(name for name, _ in COMPOSITES)
 
 
 @functools.cache
 def _composite_runs() -> list[tuple[tuple[str, ...], str]]:
-    """Each composite's canonical decomposition, recorded once on the meta device; longest first."""
+    """Each composite's canonical decomposition, recorded once on the meta device, all the
+    way down (`1 / (1 + exp(-x)) * x`) and one level down (`sigmoid(x) * x`: SiLU as
+    KernelBench writes it); longest first."""
     runs: dict[tuple[str, ...], str] = {}
     for name, call in COMPOSITES:
-        recorder = _Recorder(decompose=True)
-        try:
-            with torch.device("meta"):
-                x = torch.empty(4, 8, 6)
-                with torch.no_grad(), recorder:
-                    out = call(x)
-        except Exception:  # a composite this torch cannot run on meta: its ops stay as they are
-            continue
-        run = tuple(_primitives(recorder, out))
-        if len(run) >= 3:  # two ops (`exp add`) are as often anything else
-            runs.setdefault(run, name)
+        for depth in ("all", "outer"):
+            recorder = _Recorder(decompose=depth)
+            try:
+                with torch.device("meta"):
+                    x = torch.empty(4, 8, 6)
+                    with torch.no_grad(), recorder:
+                        out = call(x)
+            except Exception:  # a composite this torch cannot run on meta: its ops stay as they are
+                continue
+            run = tuple(_primitives(recorder, out))
+            named = any(op in _COMPOSITE_NAMES for op in run)
+            if len(run) >= 3 or (named and len(run) == 2):  # two generic ops (`exp add`) are as often anything else
+                runs.setdefault(run, name)
     return sorted(runs.items(), key=lambda item: -len(item[0]))
 
 
@@ -141,21 +146,27 @@ class _Op:
 
 class _Recorder(TorchDispatchMode):
     """Every ATen op that runs, in order, with the op that made each tensor it reads. With
-    `decompose`, a composite op in DECOMPOSED runs (and is recorded) as the ops it is made of."""
+    `decompose`, a composite op in DECOMPOSED runs (and is recorded) as the ops it is made
+    of: "all" the way down, or only the "outer" one (the composites it calls are recorded)."""
 
-    def __init__(self, decompose: bool = False):
+    def __init__(self, decompose: str | None = None):
         super().__init__()
-        self.decompose = decompose
+        self.decompose, self.decomposing = decompose, False
         self.ops: list[_Op] = []
         self.made_by: dict[int, _Op] = {}
         self.alive: list = []  # every tensor seen, so that no id is reused while recording
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        decomposition = _decompositions().get(func) if self.decompose else None
+        outer_only = self.decompose == "outer" and self.decomposing
+        decomposition = _decompositions().get(func) if self.decompose and not outer_only else None
         if decomposition is not None:
-            with self:
-                result = decomposition(*args, **kwargs)
+            self.decomposing, was = True, self.decomposing
+            try:
+                with self:
+                    result = decomposition(*args, **kwargs)
+            finally:
+                self.decomposing = was
             if result is not NotImplemented:
                 return result
         out = func(*args, **kwargs)
