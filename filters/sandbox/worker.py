@@ -45,6 +45,7 @@ MAX_DETAIL = 500
 POLL_S = 0.1
 EXIT_GRACE_S = 5  # a child that closed its pipe has this long to exit
 ZYGOTE_DIR = "/tmp/zygote"
+JAILED = False  # set by main(): whether this zygote runs in a PID namespace of the jail's own
 # Programs the compiler may start (Inductor's C++ build, Triton's ptxas and its libcuda lookup).
 COMPILER_PROGRAMS = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++", "ld", "ld.bfd", "ld.gold", "as",
                                "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++", "ptxas", "nvcc", "nvlink",
@@ -255,7 +256,10 @@ def _end_strays() -> None:
     """Every process left in the jail but the zygote and the jail's init: a program a child
     started in a session of its own outlives the kill of the child's process group, and could
     reach the next job (same uid). kill(-1) reaches exactly those: the jail has its own PID
-    namespace, and the caller and the namespace's init are spared."""
+    namespace, and the caller and the namespace's init are spared. Outside a jail (a zygote
+    run by hand) it would reach every process of the user, so only a jailed zygote does it."""
+    if not JAILED:
+        return
     try:
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:  # nobody left
@@ -266,6 +270,16 @@ def _end_strays() -> None:
                 break
         except ChildProcessError:
             break
+
+
+def _own_pid_namespace() -> bool:
+    """Whether this process's PID namespace is one the jail made: its init is bwrap, not the
+    host's init."""
+    try:
+        with open("/proc/1/comm") as init:
+            return init.read().strip() == "bwrap"
+    except OSError:
+        return False
 
 
 def _wipe() -> None:
@@ -419,8 +433,10 @@ def _keep_precompiled_headers(folder: str) -> None:
 
 
 def main() -> None:
+    global JAILED
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
     jail = drop_privileges()
+    JAILED = _own_pid_namespace()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
