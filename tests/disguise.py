@@ -163,8 +163,11 @@ class _WriteOut(ast.NodeTransformer):
         self.generic_visit(node)
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else None
-        on_tensor = isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name)
-                                                             and func.value.id in ("torch", "F", "nn"))
+        root = func.value if isinstance(func, ast.Attribute) else None
+        while isinstance(root, ast.Attribute):  # torch.nn.functional.gelu: an API call, not a method
+            root = root.value
+        on_tensor = isinstance(func, ast.Attribute) and not (isinstance(root, ast.Name)
+                                                             and root.id in ("torch", "F", "nn"))
         if name not in WRITTEN_OUT or (on_tensor and name in ("softmax",)):
             return node
         args = ([func.value] if on_tensor else []) + node.args

@@ -13,10 +13,11 @@ import torch
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
 from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
 from filters.sandbox.op_graph import op_graph
-from filters.sandbox.resize import NotResizable, scale_constant
+from filters.sandbox.resize import NotResizable, scale_constant, with_constant
 from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
+SMALL_BATCH = 4  # the batch size of a trace on real tensors
 bind_compiler()  # this module is imported by a worker before it runs any task
 
 # Every (stage, reason) a check can decide, and the sandbox's own; a worker's result that
@@ -105,11 +106,9 @@ def trace(code: str) -> str | None:
     """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. On the meta device first (nothing
     allocated or computed); a task whose control flow asks its data for a value is traced
-    again with real tensors on the CPU, at batch size 1. It runs the task's code: the worker
+    again with real tensors on the CPU, at a small batch size. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit."""
-    for device, task_code in (("meta", code), ("cpu", _at_batch_one(code))):
-        if task_code is None:
-            continue
+    for device, task_code in (("meta", code), ("cpu", _small_batch(code))):
         try:
             task = load_task(task_code)
             torch.manual_seed(0)
@@ -122,9 +121,12 @@ def trace(code: str) -> str | None:
     return None
 
 
-def _at_batch_one(code: str) -> str | None:
+def _small_batch(code: str) -> str:
+    """`code` at batch size SMALL_BATCH at most: real tensors cost memory and time, and a batch
+    of a few samples still has parts for a task that splits it (one sample would leave an
+    empty half, which some ops refuse)."""
     try:
-        resized, _, _ = scale_constant(code, 0.0)
+        _, batch, _ = scale_constant(code, 1.0)
     except NotResizable:
         return code
-    return resized
+    return with_constant(code, min(batch, SMALL_BATCH))

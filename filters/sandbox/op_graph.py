@@ -6,7 +6,7 @@ then: aliases, helper methods, nn.Sequential or explicit calls, module or functi
 size constants written as products or moved into get_init_inputs all trace to the same ops. The model and inputs are
 built on the meta device (no memory, no arithmetic); a task whose control flow depends on
 its data has no value to decide by there, and is traced again on the CPU with real tensors
-at batch size 1 (harness.trace), so the branch it takes is recorded.
+at a batch size of at most 4 (harness.trace), so the branch it takes is recorded.
 
 A composite op a task calls is recorded by its name (`gelu`, `layer_norm`); a run of ops
 that is exactly a composite's decomposition (torch's own, `COMPOSITES`) is named as that
