@@ -204,15 +204,17 @@ def _decompositions() -> dict:
 def _merged_branches(nodes: list) -> set:
     """The nodes to leave out: a cat or stack itself and every input branch but the first,
     where each branch is the same op sequence on its own part of the same tensors."""
+    merges = [node for node in nodes if _name(node) in MERGES and node.args
+              and isinstance(node.args[0], (list, tuple)) and len(node.args[0]) >= 2]
+    if not merges:  # most tasks: no ancestry to work out
+        return set()
     order = {node: index for index, node in enumerate(nodes)}
     ancestors: dict = {}
     for node in nodes:
         ancestors[node] = {node}.union(*(ancestors.get(arg, set()) for arg in node.inputs))
     merged: set = set()
-    for node in nodes:
-        parts = node.args[0] if node.args else None
-        if _name(node) not in MERGES or not isinstance(parts, (list, tuple)) or len(parts) < 2:
-            continue
+    for node in merges:
+        parts = node.args[0]
         branches = [ancestors.get(part, set()) for part in parts]
         own = [branch - set().union(*(other for j, other in enumerate(branches) if j != i))
                for i, branch in enumerate(branches)]
