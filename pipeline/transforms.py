@@ -102,14 +102,14 @@ class ValidateCandidates(beam.PTransform):
     """Static check, then every execution check in the sandbox pool."""
 
     def __init__(self, sandbox: SandboxOptions, check_config: dict, workers: int, gpus: list[int] | None,
-                 store_dir: str | None = None, libraries: frozenset[str] = frozenset()):
+                 store_dir: str | None = None, library_ops: frozenset[str] = frozenset()):
         super().__init__()
         self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
-        self.store_dir, self.libraries = store_dir, libraries
+        self.store_dir, self.library_ops = store_dir, library_ops
 
     def expand(self, candidates):
         outputs = candidates | "RunChecks" >> beam.ParDo(
-            _ValidateFn(self.sandbox, self.check_config, self.workers, self.gpus, self.store_dir, self.libraries)
+            _ValidateFn(self.sandbox, self.check_config, self.workers, self.gpus, self.store_dir, self.library_ops)
         ).with_outputs(REJECTED, main="accepted")
         return outputs.accepted, outputs[REJECTED]
 
@@ -119,9 +119,9 @@ class _ValidateFn(beam.DoFn):
     known, so no worker waits for the slowest candidate of a batch. Twice as many
     candidates as workers are in flight; the rest wait in Beam."""
 
-    def __init__(self, sandbox, check_config, workers, gpus, store_dir, libraries=frozenset()):
+    def __init__(self, sandbox, check_config, workers, gpus, store_dir, library_ops=frozenset()):
         self.sandbox, self.check_config, self.workers, self.gpus = sandbox, check_config, workers, gpus
-        self.store_dir, self.libraries = store_dir, libraries
+        self.store_dir, self.library_ops = store_dir, library_ops
 
     def setup(self):
         self.pool = shared_pool(self.workers, self.sandbox, self.gpus)
@@ -131,7 +131,7 @@ class _ValidateFn(beam.DoFn):
         self.in_flight: dict[Future, tuple[Candidate, WindowedValue]] = {}
 
     def process(self, candidate: Candidate, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
-        future = start_validation(candidate, self.pool, self.check_config, self.libraries, store=self.store)
+        future = start_validation(candidate, self.pool, self.check_config, self.library_ops, store=self.store)
         self.in_flight[future] = (candidate, WindowedValue(None, timestamp, [window]))
         if len(self.in_flight) >= 2 * self.workers:
             wait(self.in_flight, return_when=FIRST_COMPLETED)

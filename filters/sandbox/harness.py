@@ -106,8 +106,8 @@ def trace(code: str) -> str | None:
     """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. On the meta device first (nothing
     allocated or computed); a task whose control flow asks its data for a value is traced
-    again with real tensors on the CPU, at a small batch size. It runs the task's code: the worker
-    calls it in a child of its own, under a hard time limit."""
+    again with real tensors on the CPU, at a small batch size. It runs the task's code: the
+    worker calls it in a child of its own, under a hard time limit."""
     for device, task_code in (("meta", code), ("cpu", _small_batch(code))):
         try:
             task = load_task(task_code)

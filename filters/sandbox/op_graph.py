@@ -3,10 +3,11 @@
 Run inside the sandbox (it executes the task): a dispatch mode records every ATen op one
 forward call runs, and which op made each tensor it reads. Python-level spelling is gone by
 then: aliases, helper methods, nn.Sequential or explicit calls, module or functional form,
-size constants written as products or moved into get_init_inputs all trace to the same ops. The model and inputs are
-built on the meta device (no memory, no arithmetic); a task whose control flow depends on
-its data has no value to decide by there, and is traced again on the CPU with real tensors
-at a batch size of at most 4 (harness.trace), so the branch it takes is recorded.
+size constants written as products or moved into get_init_inputs all trace to the same ops.
+The model and inputs are built on the meta device (no memory, no arithmetic); a task whose
+control flow depends on its data has no value to decide by there, and is traced again on
+the CPU with real tensors at a batch size of at most 4 (harness.trace), so the branch it
+takes is recorded.
 
 A composite op a task calls is recorded by its name (`gelu`, `layer_norm`); a run of ops
 that is exactly a composite's decomposition (torch's own, `COMPOSITES`) is named as that
@@ -51,9 +52,7 @@ SELECTION = frozenset({"where", "gt", "lt", "ge", "le", "eq", "ne", "masked_fill
 # The composites whose decompositions (torch's own) `_composite_runs` records, to name a hand-written run.
 DECOMPOSED = ("gelu", "silu", "mish", "softplus", "sigmoid", "hardswish", "hardsigmoid", "elu", "selu", "celu",
               "leaky_relu", "hardtanh", "relu6", "_softmax", "_log_softmax", "logsumexp", "glu", "log_sigmoid_forward",
-              "native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit_no_training",
-              "addmm", "baddbmm", "addcmul", "addcdiv", "lerp", "rsub", "softshrink", "hardshrink",
-              "mse_loss", "smooth_l1_loss", "huber_loss")
+              "native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit_no_training")
 SPLIT = {"addmm": ("mm", "add"), "addmv": ("mv", "add"), "baddbmm": ("bmm", "add"), "addbmm": ("bmm", "sum", "add"),
          "linear": ("mm", "add"), "matmul": ("mm",), "bmm": ("mm",), "mv": ("mm",), "dot": ("mm",),
          "mean": ("sum", "mul"), "log1p": ("add", "log"), "expm1": ("exp", "add"), "rsqrt": ("sqrt", "mul")}
@@ -171,15 +170,15 @@ class _Recorder(TorchDispatchMode):
                 return result
         out = func(*args, **kwargs)
         made = self.made_by.get
+        read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         op = _Op(func, torch.utils._pytree.tree_map(lambda a: made(id(a)) if isinstance(a, torch.Tensor) else a, args),
-                 [made(id(t)) for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor) and made(id(t)) is not None])
+                 [made(id(t)) for t in read if made(id(t)) is not None])
         self.ops.append(op)
         for tensor in torch.utils._pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
                 self.made_by[id(tensor)] = op
                 self.alive.append(tensor)
-        self.alive.extend(t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        self.alive.extend(read)
         return out
 
     def reaching(self, outputs: list) -> list[_Op]:

@@ -10,11 +10,11 @@ from operators.records import Candidate, Verdict
 
 
 def start_validation(candidate: Candidate, pool: WorkerPool, check_config: dict,
-                     extra_imports: frozenset[str] = frozenset(), store: VerdictStore | None = None) -> Future:
+                     library_ops: frozenset[str] = frozenset(), store: VerdictStore | None = None) -> Future:
     """A future Verdict for one candidate. The static check and the store decide at once;
     anything else goes to the next idle sandbox worker. Never fails for anything a candidate
     does. With a store, a result already there is reused and a new one is added."""
-    rejected = static_check(candidate.code, extra_imports)
+    rejected = static_check(candidate.code, library_ops)
     if rejected:
         return _decided(Verdict(candidate.id, "static", False, rejected[0], rejected[1]))
     key = store.key(candidate.code, check_config) if store else ""
@@ -30,9 +30,9 @@ def start_validation(candidate: Candidate, pool: WorkerPool, check_config: dict,
 
 
 def validate(candidates: list[Candidate], pool: WorkerPool, check_config: dict,
-             extra_imports: frozenset[str] = frozenset(), store: VerdictStore | None = None) -> list[Verdict]:
+             library_ops: frozenset[str] = frozenset(), store: VerdictStore | None = None) -> list[Verdict]:
     """One Verdict per candidate, in order."""
-    futures = [start_validation(c, pool, check_config, extra_imports, store) for c in candidates]
+    futures = [start_validation(c, pool, check_config, library_ops, store) for c in candidates]
     return [future.result() for future in futures]
 
 
