@@ -8,17 +8,19 @@ from there instead of redoing them.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import os
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from filters.sandbox.checks import CHECK_STAGES
 from filters.sandbox.pool import SandboxOptions, shared_pool
@@ -32,7 +34,7 @@ from operators.usage import op_usage
 from outputs.dataset import write_dataset
 from pipeline.composers.llm import LLMSettings
 from pipeline.config import ConfigError, RunConfig
-from pipeline.devices import default_workers, resolve_device, sandbox_options
+from pipeline.devices import beam_processes, default_workers, resolve_device, sandbox_options
 from pipeline.out_dir import copy_to_remote, log_to, output_dir
 from pipeline.planning import plan_jobs
 from pipeline.progress import Progress
@@ -161,11 +163,13 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     sandbox = sandbox_options(cfg, device, gpus, workers, out_dir)
     check_config = _check_config(cfg, device, sandbox)
-    with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
-        accepted, failed = (pipeline | "Tasks" >> beam.Create(candidates)
-                            | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None,
-                                                               verdicts_dir(cfg.cache_dir), added_library_ops(cfg)))
-        (accepted, failed) | "AllRecords" >> beam.Flatten() | "Write" >> WriteRecords(str(path))
+    groups = validation_groups(cfg.beam_args, len(candidates), workers)
+    with round_pipeline(cfg.beam_args, groups) as pipeline:
+        (pipeline | "Tasks" >> beam.Create([(candidate, None) for candidate in candidates])
+         | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None, verdicts_dir(cfg.cache_dir),
+                                            added_library_ops(cfg), groups)
+         | "Write" >> WriteRecords(str(path)))
+    drop_write_leftovers(path)
     records = read_jsonl(path)
     stop = f"validated all {len(candidates)} tasks of {tasks}"
     info = run_info(cfg, device, None, stop, time.monotonic() - started, (0, 0), sum(v.passed for _, v in records))
@@ -229,21 +233,27 @@ def _run_round(setup: RunSetup, jobs: list[dict], prior_ids: set[str], path: Pat
     cfg, llm = setup.cfg, setup.llm
     sandbox = sandbox_options(cfg, setup.device, setup.gpus, setup.workers, setup.out_dir)
     check_config = _check_config(cfg, setup.device, sandbox)
-    with beam.Pipeline(options=PipelineOptions(_beam_args(cfg.beam_args))) as pipeline:
-        batch = 2 * llm.concurrency if llm else 16
-        candidates, compose_rejects = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> ComposeCandidates(
-            cfg.composer, setup.catalog, cfg.seed, batch, op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix,
-            sampling=cfg.sampling, usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir))
-        unique, duplicates = candidates | "Dedupe" >> DropDuplicates(frozenset(prior_ids))
-        accepted, failed = unique | "Validate" >> ValidateCandidates(sandbox, check_config, setup.workers,
-                                                                      setup.gpus or None, verdicts_dir(cfg.cache_dir),
-                                                                      library_ops(setup.catalog))
-        similar = pipeline | "NoReference" >> beam.Create([])
+    groups = validation_groups(cfg.beam_args, len(jobs), setup.workers)
+    compose = ComposeCandidates(cfg.composer, setup.catalog, cfg.seed, 2 * llm.concurrency if llm else 16,
+                                op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix, sampling=cfg.sampling,
+                                usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir)
+    validate = ValidateCandidates(sandbox, check_config, setup.workers, setup.gpus or None, verdicts_dir(cfg.cache_dir),
+                                  library_ops(setup.catalog), groups)
+    with round_pipeline(cfg.beam_args, groups) as pipeline:
+        records = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> compose
+                   | "Dedupe" >> DropDuplicates(frozenset(prior_ids)) | "Validate" >> validate)
         if setup.reference:
-            accepted, similar = accepted | "Decontaminate" >> Decontaminate(setup.reference.fingerprints,
-                                                                            cfg.similarity_threshold)
-        ((accepted, failed, compose_rejects, duplicates, similar) | "AllRecords" >> beam.Flatten()
-         | "Write" >> WriteRecords(str(path)))
+            records = records | "Decontaminate" >> Decontaminate(setup.reference.fingerprints, cfg.similarity_threshold)
+        records | "Write" >> WriteRecords(str(path))
+    drop_write_leftovers(path)
+
+
+def drop_write_leftovers(path: Path) -> None:
+    """Beam's file sink works in temporary folders beside the file, and removes the one it
+    finishes in; on the DaskRunner every task that reads the sink's set-up result makes
+    another, which stays behind."""
+    for leftover in path.parent.glob(f"beam-temp-{path.name}-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def added_library_ops(cfg: RunConfig) -> frozenset[str]:
@@ -269,9 +279,44 @@ def _load_reference(cfg: RunConfig) -> ReferenceSet | None:
     return reference
 
 
-def _beam_args(args: list[str]) -> list[str]:
-    """The user's Beam options, with the embedded DirectRunner unless they chose a runner."""
-    return list(args) if any(a.startswith("--runner") for a in args) else ["--runner=DirectRunner", *args]
+@contextlib.contextmanager
+def round_pipeline(beam_args: list[str], groups: int):
+    """A Beam pipeline on the user's runner, run to the end when the block closes."""
+    pipeline = beam.Pipeline(options=PipelineOptions(_beam_args(beam_args, groups)))
+    yield pipeline
+    result = pipeline.run()
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)  # the DaskRunner leaves its connection to the scheduler open
+        if client is not None:
+            client.close()
+
+
+def validation_groups(beam_args: list[str], candidates: int, workers: int) -> int:
+    """How many groups a round's candidates are validated in (ValidateCandidates): one for
+    each Beam process of a DirectRunner, whose pool each keeps full; on any other runner,
+    one for every four candidates a pool of `workers` holds, so that the cluster's workers
+    share the round and a lost worker costs only the groups it held."""
+    if _runner(beam_args).endswith("DirectRunner"):
+        return beam_processes(beam_args)
+    return max(1, math.ceil(candidates / (4 * workers)))
+
+
+def _beam_args(args: list[str], groups: int = 1) -> list[str]:
+    """The user's Beam options, with the embedded DirectRunner unless they chose a runner.
+    On the DaskRunner a round's jobs are split in as many parts as there are validation
+    groups, unless the user split them: Beam's Create otherwise keeps up to 128 in one
+    part, which one dask worker would then validate alone."""
+    args = list(args) if any(a.startswith("--runner") for a in args) else ["--runner=DirectRunner", *args]
+    split = any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in args)
+    if _runner(args).endswith("DaskRunner") and not split:
+        args.append(f"--dask_npartitions={groups}")
+    return args
+
+
+def _runner(beam_args: list[str]) -> str:
+    return PipelineOptions(list(beam_args)).view_as(StandardOptions).runner or "DirectRunner"
 
 
 def verdicts_dir(cache_dir: str | Path) -> str:

@@ -258,15 +258,17 @@ class WorkerPool:
 
 
 _SHARED: dict = {}
+_SHARED_LOCK = threading.Lock()  # a runner's threads (a dask worker's) set up their DoFns at once
 
 
 def shared_pool(size: int, options: SandboxOptions, gpus: list[int] | None = None) -> WorkerPool:
     """One warm pool per process and configuration, reused by every Beam bundle and round
     (torch imported and the compiler warm once, not per bundle)."""
     key = (size, options, tuple(gpus or ()))
-    if key not in _SHARED:
-        _SHARED[key] = WorkerPool(size, options, gpus)
-    return _SHARED[key]
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = WorkerPool(size, options, gpus)
+        return _SHARED[key]
 
 
 @atexit.register
