@@ -46,6 +46,7 @@ from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates
 
 log = logging.getLogger("opsynth")
 MIN_YIELD = 0.1
+ROUND_PER_WORKER = 64
 
 
 @dataclass(frozen=True)
@@ -214,10 +215,12 @@ def _external_id(code: str) -> str:
 
 def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int) -> int:
     """Enough candidates to reach the target at the yield seen so far (a guess of 50% at
-    first), at least one batch for every worker, never past --max-candidates."""
+    first), at least one batch for every worker, never past --max-candidates. At most
+    ROUND_PER_WORKER a worker: a long run then keeps its work in staging round by round,
+    and composes a round while its pool waits for a few seconds, not for minutes."""
     observed = accepted / decided if decided else 0.5
     size = math.ceil(needed / max(observed, MIN_YIELD) * 1.2)
-    return max(1, min(max(size, 2 * workers), remaining))
+    return max(1, min(max(size, 2 * workers), ROUND_PER_WORKER * workers, remaining))
 
 
 def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:

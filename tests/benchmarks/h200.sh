@@ -6,6 +6,7 @@
 #   bash tests/benchmarks/h200.sh jail                          # the jailed sandbox on CUDA workers
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
+#   bash tests/benchmarks/h200.sh ops6k SECONDS                 # the ops6k recipe (template composer), resumed
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -41,6 +42,31 @@ fi
 if [ "$STAGE" = runners ]; then
     echo "== the DirectRunner: one process vs ${2:-2} processes, ${1:-120} candidates"
     python3 -m tests.benchmarks.bench_runners --device cuda --candidates "${1:-120}" --processes "${2:-2}" 2>&1 | tail -4
+    exit 0
+fi
+if [ "$STAGE" = ops6k ]; then
+    # The ops6k recipe with the template composer, against the KernelBench checkout carried in
+    # .kb/, for at most SECONDS; interrupted there, it keeps its finished rounds and verdicts.
+    # Its state (cache and output folder) goes back as ops6k-state.tar.gz: carry it in
+    # .device-cache/ and the next call resumes the same run, from a fresh machine too.
+    [ -f .device-cache/ops6k-state.tar.gz ] && tar -xzf .device-cache/ops6k-state.tar.gz -C /
+    ops6k=(python3 -m pipeline.cli run --config ops6k --composer template --out /tmp/ops6k
+           --cache-dir /tmp/opsynth-cache --timeout-s 240 --max-memory-gb 24)
+    export KERNELBENCH=$PWD/.kb/KernelBench
+    start=$(date +%s.%N)
+    timeout -s INT -k 60 "${1:-480}" "${ops6k[@]}" 2>&1 | grep -v "^WARNING" | tail -4
+    echo "ops6k call wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+    decided=$(cat /tmp/ops6k/.staging/round-*.jsonl 2>/dev/null | wc -l)
+    # the rounds finished so far, written out as the dataset (it stops at once: nothing is left to compose)
+    [ "$decided" -gt 0 ] && "${ops6k[@]}" --max-candidates "$decided" 2>&1 | tail -1
+    python3 - /tmp/ops6k/stats.json <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(json.dumps({k: s.get(k) for k in ("composed", "accepted", "rejected", "rejected_by_reason", "op_count_mix")}))
+PY
+    grep -E "catalog:|reference traced|round of" /tmp/ops6k/run.log | tail -40
+    tar -czf "$OUT/ops6k-state.tar.gz" /tmp/ops6k /tmp/opsynth-cache 2>/dev/null
+    cp /tmp/ops6k/stats.json /tmp/ops6k/run.log "$OUT/" 2>/dev/null
     exit 0
 fi
 if [ "$STAGE" = crawl ]; then

@@ -154,3 +154,13 @@ def test_ctrl_c_during_a_crawl_ends_with_one_line_and_no_catalog(tmp_path):
     assert crawl.wait(timeout=60) == 130
     assert "interrupted" in err and "Traceback" not in err
     assert not (tmp_path / "c.parquet").exists() and not list((tmp_path / "cache").rglob("*.parquet"))
+
+
+def test_a_round_asks_for_what_the_yield_needs_within_its_bounds():
+    from pipeline.run import ROUND_PER_WORKER, round_size
+
+    assert round_size(10, 0, 0, 2, 1000) == 24  # 50% guessed: 10 / 0.5 * 1.2
+    assert round_size(10, 30, 100, 2, 1000) == 40  # 30% seen
+    assert round_size(1, 99, 100, 4, 1000) == 8  # one batch for every worker at least
+    assert round_size(6000, 0, 0, 8, 20000) == ROUND_PER_WORKER * 8  # a big run goes round by round
+    assert round_size(6000, 0, 0, 8, 100) == 100  # never past --max-candidates
