@@ -24,19 +24,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args, beam_args)
     except KeyboardInterrupt:  # finished work is on disk (a crawl writes its catalog only when done)
-        print("opsynth: interrupted; finished work is kept, and the same command continues from it",
-              file=sys.stderr)
-        return 130
+        return _interrupted()
     except ConfigError as error:
         print(f"opsynth: error: {error}", file=sys.stderr)
         return 2
     except HostProblem as error:  # the host, not a candidate: nothing can be validated
         return _host_problem(str(error).split(" [while running")[0])
-    except (OSError, RuntimeError) as error:  # Beam re-raises a transform's OSError as a RuntimeError
+    except (OSError, RuntimeError) as error:  # Beam re-raises a transform's errors as a RuntimeError
+        if str(error).startswith("KeyboardInterrupt"):  # Ctrl-C while a stage ran
+            return _interrupted()
         full = _no_space_left(error)
         if not full:
             raise
         return _host_problem(f"no space left on the disk of --out or --cache-dir ({full}): free some space there")
+
+
+def _interrupted() -> int:
+    from filters.sandbox.pool import close_shared_pools
+    close_shared_pools()  # else the exit waits for the sandbox jobs under way
+    print("opsynth: interrupted; finished work is kept, and the same command continues from it", file=sys.stderr)
+    return 130
 
 
 def _no_space_left(error: BaseException | None) -> str:

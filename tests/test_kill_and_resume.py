@@ -39,3 +39,29 @@ def test_sigkill_mid_run_then_the_same_command_finishes_cleanly(tmp_path, cache_
     assert not set(accepted) & set(rejected)
     # validations finished before the kill were reused, not redone: their records were never rewritten
     assert all(path.stat().st_mtime_ns == mtime for path, mtime in finished_before_kill.items())
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_validation_stops_the_run_at_once_and_ends_its_sandbox_workers(tmp_path, cache_dir):
+    """Ctrl-C reaches the run while a Beam stage waits for sandbox jobs. It used to be raised
+    again as Beam's RuntimeError, and the exit then waited for every job under way."""
+    import psutil
+
+    store = cache_dir / "verdicts"
+    before = set(store.rglob("*.json")) if store.exists() else set()
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--num-samples", "6", "--out", str(tmp_path / "run"),
+               "--cache-dir", str(cache_dir), "--seed", "29", "--library", "torch"]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len((set(store.rglob("*.json")) if store.exists() else set()) - before) < 1:
+        time.sleep(0.5)
+    sandbox = psutil.Process(run.pid).children(recursive=True)
+    assert run.poll() is None and sandbox, "the run was not validating"
+    interrupted = time.monotonic()
+    run.send_signal(signal.SIGINT)
+    _, stderr = run.communicate(timeout=60)
+    assert time.monotonic() - interrupted < 15, "the exit waited for the jobs under way"
+    assert run.returncode == 130, stderr[-2000:]
+    assert "interrupted; finished work is kept" in stderr
+    _, alive = psutil.wait_procs(sandbox, timeout=10)
+    assert not alive

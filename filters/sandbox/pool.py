@@ -222,6 +222,7 @@ class WorkerPool:
         for worker in self.workers:
             self.idle.put(worker)
         self.executor = ThreadPoolExecutor(len(self.workers), thread_name_prefix="sandbox")
+        self.closed = False
 
     def submit(self, job: dict, then: Callable[[dict], Any] = lambda result: result) -> Future:
         """A future of `then(result)`; `then` runs on the pool's thread as soon as the job ends."""
@@ -236,16 +237,20 @@ class WorkerPool:
         verdict): the job runs once more on a fresh worker, and only a second such end stands."""
         for _ in range(2):
             worker = self.idle.get()
+            if self.closed:  # the run is stopping: no worker is started again
+                self.idle.put(worker)
+                return _finish(job, failure("crashed", "the run stopped before this job ended"))
             try:
                 result = worker.run(job)
                 host_fault = worker.host_fault
             finally:
                 self.idle.put(worker)
-            if not host_fault:
+            if not host_fault or self.closed:
                 return result
         return {**result, "detail": f"{result['detail']} (twice, on fresh workers)"[:MAX_DETAIL]}
 
     def close(self) -> None:
+        self.closed = True
         self.executor.shutdown(wait=False, cancel_futures=True)
         for worker in self.workers:
             worker.stop()
@@ -272,10 +277,14 @@ def shared_pool(size: int, options: SandboxOptions, gpus: list[int] | None = Non
 
 
 @atexit.register
-def _close_shared() -> None:
-    for pool in _SHARED.values():
-        pool.close()
-    _SHARED.clear()
+def close_shared_pools() -> None:
+    """Stop every shared pool's workers. An interrupted run calls it at once: the
+    interpreter waits for the pools' threads, and so for the jobs under way, before it runs
+    atexit."""
+    with _SHARED_LOCK:
+        for pool in _SHARED.values():
+            pool.close()
+        _SHARED.clear()
 
 
 def _finish(job: dict, result: dict) -> dict:

@@ -54,7 +54,7 @@ if [ "$STAGE" = ops6k ]; then
            --cache-dir /tmp/opsynth-cache --timeout-s 240 --max-memory-gb 24)
     export KERNELBENCH=$PWD/.kb/KernelBench
     start=$(date +%s.%N)
-    timeout -s INT -k 60 "${1:-480}" "${ops6k[@]}" 2>&1 | grep -v "^WARNING" | tail -4
+    timeout -s INT -k 15 "${1:-480}" "${ops6k[@]}" 2>&1 | grep -v "^WARNING" | tail -4
     echo "ops6k call wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
     decided=$(cat /tmp/ops6k/.staging/round-*.jsonl 2>/dev/null | wc -l)
     # the rounds finished so far, written out as the dataset (it stops at once: nothing is left to compose)
