@@ -129,7 +129,7 @@ def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress):
             stop_reason = f"drew every op tuple the selected {len(catalog)} ops allow, with {accepted} accepted"
             break
         path = setup.staging / f"round-{next_index:07d}-{next_index + len(jobs):07d}.jsonl"
-        _run_round(setup, jobs, {c.id for c, _ in records}, path)
+        _run_round(setup, jobs, [c for c, _ in records], path)
         round_records, down = keep_before_endpoint_down(path)
         records = drop_near_duplicates(records + round_records, cfg.dedupe_threshold)
         next_index += len(jobs)
@@ -232,19 +232,22 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
             "checks": list(CHECK_STAGES)}  # verdicts stored before a check was added do not count
 
 
-def _run_round(setup: RunSetup, jobs: list[dict], prior_ids: set[str], path: Path) -> None:
+def _run_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], path: Path) -> None:
+    """One Beam pipeline: compose `jobs`, then decide each, knowing the `prior` candidates
+    of earlier rounds; the records land in `path`."""
     cfg, llm = setup.cfg, setup.llm
     sandbox = sandbox_options(cfg, setup.device, setup.gpus, setup.workers, setup.out_dir)
     check_config = _check_config(cfg, setup.device, sandbox)
     groups = validation_groups(cfg.beam_args, len(jobs), setup.workers)
     compose = ComposeCandidates(cfg.composer, setup.catalog, cfg.seed, 2 * llm.concurrency if llm else 16,
                                 op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix, sampling=cfg.sampling,
-                                usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir)
+                                usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir,
+                                drawn=frozenset(candidate.ops for candidate in prior if candidate.ops))
     validate = ValidateCandidates(sandbox, check_config, setup.workers, setup.gpus or None, verdicts_dir(cfg.cache_dir),
                                   library_ops(setup.catalog), groups)
     with round_pipeline(cfg.beam_args, groups) as pipeline:
         records = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> compose
-                   | "Dedupe" >> DropDuplicates(frozenset(prior_ids)) | "Validate" >> validate)
+                   | "Dedupe" >> DropDuplicates(frozenset(c.id for c in prior)) | "Validate" >> validate)
         if setup.reference:
             records = records | "Decontaminate" >> Decontaminate(setup.reference.fingerprints, cfg.similarity_threshold)
         records | "Write" >> WriteRecords(str(path))

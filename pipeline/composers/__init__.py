@@ -12,10 +12,12 @@ from operators.records import OpSpec
 
 def make_composer(kind: str, catalog: list[OpSpec], *, op_count_mix: dict | None = None,
                   library_mix: dict | None = None, sampling: str = "layers", usage: dict | None = None,
-                  llm_settings=None, cache_dir: str = ""):
+                  llm_settings=None, cache_dir: str = "", drawn: frozenset = frozenset()):
+    """`drawn`: the op tuples of earlier rounds, which the template composer draws again only
+    when nothing else fits (the LLM composer is given its tuples, pipeline/planning.py)."""
     if kind == "template":
         from pipeline.composers.template import TemplateComposer
-        return TemplateComposer(catalog, op_count_mix, library_mix, sampling, usage)
+        return TemplateComposer(catalog, op_count_mix, library_mix, sampling, usage, drawn)
     if kind == "llm":
         from pipeline.composers.llm import LLMComposer
         return LLMComposer(catalog, llm_settings, Path(cache_dir))

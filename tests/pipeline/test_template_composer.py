@@ -128,3 +128,21 @@ def test_one_added_library_alone_still_composes(torch_catalog):
     catalog = [spec for spec in torch_catalog[0] if role_of(spec.name) == EPILOGUE][:12]
     composer = composer_for(catalog, mix={3: 1.0})
     assert all(len(composer.compose(index, 1).ops) == 3 for index in range(10))
+
+
+def test_later_rounds_hold_back_the_op_tuples_earlier_rounds_drew(torch_catalog):
+    catalog, lone = torch_catalog[0], {1: 1.0}  # single ops: a small space, so draws repeat
+    earlier = [TemplateComposer(catalog, lone).compose(index, 0) for index in range(40)]
+    drawn = frozenset(candidate.ops for candidate in earlier)
+    kept_all = [TemplateComposer(catalog, lone).compose(index, 0) for index in range(40, 120)]
+    held_back = [TemplateComposer(catalog, lone, drawn=drawn).compose(index, 0) for index in range(40, 120)]
+    assert sum(candidate.ops in drawn for candidate in kept_all) >= 5  # what it stops
+    assert not any(candidate.ops in drawn for candidate in held_back)
+    assert held_back == [TemplateComposer(list(reversed(catalog)), lone, drawn=drawn).compose(index, 0)
+                         for index in range(40, 120)]  # still a pure function of the seed, index and rounds
+
+
+def test_a_tuple_drawn_before_is_drawn_again_when_nothing_else_fits(torch_catalog):
+    linear = [spec for spec in torch_catalog[0] if spec.name == "torch.nn.Linear"]
+    composer = TemplateComposer(linear, {1: 1.0}, drawn=frozenset({("torch.nn.Linear",)}))
+    assert composer.compose(0, 0).ops == ("torch.nn.Linear",)
