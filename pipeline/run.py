@@ -309,7 +309,7 @@ def validation_groups(beam_args: list[str], candidates: int, workers: int) -> in
     return max(1, math.ceil(candidates / (4 * workers)))
 
 
-def _beam_args(args: list[str], groups: int = 1) -> list[str]:
+def _beam_args(args: list[str], groups: int) -> list[str]:
     """The user's Beam options, with the embedded DirectRunner unless they chose a runner.
     On the DaskRunner a round's jobs are split in as many parts as there are validation
     groups, unless the user split them: Beam's Create otherwise keeps up to 128 in one

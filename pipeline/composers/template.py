@@ -16,14 +16,14 @@ Two ways to draw a chain (`sampling`):
   every fourth candidate is built around the next op of a seeded permutation of the
   catalog, so every op still appears, at the place its role allows, within the first
   4 x (number of ops) candidates.
+- `uniform` draws every position uniformly from the ops that fit there: coverage first,
+  with no notion of a layer.
 
 A run's later rounds pass the op tuples its earlier rounds drew (`drawn`): a draw that
 repeats one is drawn again, and kept only when no other chain fits. The layered sampling
 otherwise repeats itself as a run grows: in a 3,584-candidate run on the H200, 291 of the
 seventh round's 512 candidates were exact repeats (BENCHMARKS.md). Composition stays a
 pure function of (run seed, index, earlier rounds), so a resumed run composes the same.
-- `uniform` draws every position uniformly from the ops that fit there: coverage first,
-  with no notion of a layer.
 """
 from __future__ import annotations
 

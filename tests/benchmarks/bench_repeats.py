@@ -23,13 +23,13 @@ from pipeline.composers.template import CompositionFailed, TemplateComposer
 from pipeline.config import build_config
 
 
-def rounds(composer_for, rounds_: int, size: int, seed: int) -> tuple[list[int], list[Counter], float]:
-    """Exact repeats per round, the op-count mix of each round's new tasks, and the seconds."""
-    seen_codes, drawn, repeats, mixes = set(), set(), [], []
+def rounds(composer_for, rounds_: int, size: int, seed: int) -> tuple[list[int], Counter, float]:
+    """Exact repeats per round, the op-count mix of the distinct tasks, and the seconds."""
+    seen_codes, drawn, repeats, mix = set(), set(), [], Counter()
     began = time.perf_counter()
     for number in range(rounds_):
         composer = composer_for(frozenset(drawn))
-        repeated, mix = 0, Counter()
+        repeated = 0
         for index in range(number * size, (number + 1) * size):
             try:
                 candidate = composer.compose(index, seed)
@@ -42,8 +42,7 @@ def rounds(composer_for, rounds_: int, size: int, seed: int) -> tuple[list[int],
             seen_codes.add(candidate.id)
             drawn.add(candidate.ops)
         repeats.append(repeated)
-        mixes.append(mix)
-    return repeats, mixes, time.perf_counter() - began
+    return repeats, mix, time.perf_counter() - began
 
 
 def main() -> None:
@@ -65,11 +64,11 @@ def main() -> None:
     print(f"{len(catalog)} ops, {args.rounds} rounds of {args.round_size}, seed {args.seed}")
     for name, factory in (("every draw kept", lambda drawn: composer_for(frozenset())),
                           ("earlier rounds' tuples held back", composer_for)):
-        repeats, mixes, seconds = rounds(factory, args.rounds, args.round_size, args.seed)
-        new = sum(mixes, Counter())
-        share = {k: f"{new[k] / sum(new.values()):.1%}" for k in sorted(new)}
+        repeats, mix, seconds = rounds(factory, args.rounds, args.round_size, args.seed)
+        distinct = sum(mix.values())
+        share = {k: f"{mix[k] / distinct:.1%}" for k in sorted(mix)}
         print(f"{name}: exact repeats by round {repeats}, {sum(repeats)} of {total}; "
-              f"distinct tasks {total - sum(repeats)}; their op-count mix {share}; {seconds:.0f} s")
+              f"distinct tasks {distinct}; their op-count mix {share}; {seconds:.0f} s")
 
 
 if __name__ == "__main__":
