@@ -21,11 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_drop_beam_import_noise)
+    from operators.sources import UnknownLibrary
     try:
         return args.handler(args, beam_args)
     except KeyboardInterrupt:  # finished work is on disk (a crawl writes its catalog only when done)
         return _interrupted()
-    except ConfigError as error:
+    except (ConfigError, UnknownLibrary) as error:  # a --library any command crawls
         print(f"opsynth: error: {error}", file=sys.stderr)
         return 2
     except HostProblem as error:  # the host, not a candidate: nothing can be validated

@@ -59,9 +59,13 @@ def test_missing_gpu(capsys, tmp_path):
     assert code == 2 and "torch sees no CUDA device" in err
 
 
-def test_unknown_library_for_crawl(capsys, tmp_path):
-    code, err = run_cli(capsys, "crawl", "--library", "no_such_lib_xyz", "--out", str(tmp_path / "c.parquet"))
-    assert code == 2 and "neither a registered op source" in err
+@pytest.mark.parametrize("command", ["crawl", "run"])
+def test_unknown_library_is_one_line(capsys, tmp_path, command):
+    out = ["--out", str(tmp_path / ("c.parquet" if command == "crawl" else "out"))]
+    cache = ["--cache-dir", str(tmp_path / "cache")] if command == "run" else []
+    code, err = run_cli(capsys, command, "--library", "no_such_lib_xyz", *out, *cache)
+    assert code == 2 and err.startswith("opsynth: error: --library 'no_such_lib_xyz' is neither a registered op source")
+    assert "Traceback" not in err and err.count("\n") == 1, err
 
 
 def test_validate_reaudits_a_folder_and_records_each_source(tmp_path, capsys):
