@@ -17,6 +17,7 @@ import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import apache_beam as beam
@@ -40,8 +41,8 @@ from pipeline.planning import plan_jobs
 from pipeline.progress import Progress
 from pipeline.run_info import run_info
 from pipeline.sampling import NoOpsSelected, select_ops
-from pipeline.staging import (drop_near_duplicates, keep_before_endpoint_down, read_jsonl, read_rounds, run_fingerprint,
-                              staging_dir)
+from pipeline.staging import (drop_near_duplicates, keep_before_endpoint_down, read_invocations, read_jsonl,
+                              read_rounds, record_invocation, run_fingerprint, staging_dir)
 from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
 
 log = logging.getLogger("opsynth")
@@ -97,11 +98,15 @@ def run(cfg: RunConfig) -> dict:
     if records:
         log.info("resuming: %d candidates already decided in %s", len(records), setup.staging)
 
+    invocation = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    ledger = lambda decided: record_invocation(setup.staging, invocation, time.monotonic() - started,  # noqa: E731
+                                               decided - resumed[0])
     with Progress(cfg.num_samples, sum(v.passed for _, v in records)) as status:
-        stop_reason, records, down = _rounds(setup, records, next_index, status)
+        stop_reason, records, down = _rounds(setup, records, next_index, status, ledger)
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
-    info = run_info(cfg, device, reference, stop_reason, time.monotonic() - started, resumed,
+    ledger(len(records))
+    info = run_info(cfg, device, reference, stop_reason, read_invocations(setup.staging), resumed,
                     sum(v.passed for _, v in records), sorted({spec.library for spec in catalog}))
     stats = write_dataset(out_dir, records, info)
     log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
@@ -109,8 +114,9 @@ def run(cfg: RunConfig) -> dict:
     return {**stats, "endpoint_down": down is not None}
 
 
-def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress):
-    """Compose and validate round after round; returns (why it stopped, records, endpoint down?)."""
+def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress, ledger):
+    """Compose and validate round after round, noting each in the run's `ledger`; returns
+    (why it stopped, records, endpoint down?)."""
     cfg, catalog = setup.cfg, setup.catalog
     down = None
     while True:
@@ -134,6 +140,7 @@ def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress):
         records = drop_near_duplicates(records + round_records, cfg.dedupe_threshold)
         next_index += len(jobs)
         status.sync(sum(v.passed for _, v in records), Counter(v.reason for _, v in records if not v.passed))
+        ledger(len(records))
         log.info("round of %d done: %s", len(round_records), status.line())
         if down:
             stop_reason = (f"the LLM endpoint stayed down ({down}); the {len(records)} candidates decided so far "
@@ -173,7 +180,8 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     drop_write_leftovers(path)
     records = read_jsonl(path)
     stop = f"validated all {len(candidates)} tasks of {tasks}"
-    info = run_info(cfg, device, None, stop, time.monotonic() - started, (0, 0), sum(v.passed for _, v in records))
+    invocation = {"wall_time_s": time.monotonic() - started, "decided": len(records)}
+    info = run_info(cfg, device, None, stop, {"validate": invocation}, (0, 0), sum(v.passed for _, v in records))
     stats = write_dataset(out_dir, records, info)
     log.info("wrote %s: %d of %d tasks pass", out_dir, stats["accepted"], stats["composed"])
     copy_to_remote(out_dir, cfg.out)

@@ -10,10 +10,12 @@ from operators.sources import library_name
 from pipeline.config import RunConfig
 
 
-def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time_s: float,
+def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, invocations: dict[str, dict],
               resumed: tuple[int, int], accepted: int, op_libraries: list[str] = ()) -> dict:
-    """`wall_time_s` and `accepted_per_hour` are this invocation's: a resumed run's counts
-    include what earlier invocations decided (`resumed_candidates`), its clock does not."""
+    """`wall_time_s` and `accepted_per_hour` add up every invocation of the run (the staging
+    ledger, `invocations`: each one's clock up to its last finished round); `resumed_candidates`
+    are those that earlier invocations decided."""
+    wall_time_s = round(sum(entry["wall_time_s"] for entry in invocations.values()), 1)
     return {
         "device": device, "composer": cfg.composer, "sampling": cfg.sampling, "seed": cfg.seed,
         "window_ms": list(cfg.window_ms), "op_count_target": shares(cfg.op_count_mix),
@@ -21,8 +23,9 @@ def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, wall_time
         "reference": cfg.reference, "reference_revision": reference.revision if reference else None,
         "decontaminated": reference is not None, "similarity_threshold": cfg.similarity_threshold,
         "dedupe_threshold": cfg.dedupe_threshold,
-        "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": round(wall_time_s, 1),
-        "resumed_candidates": resumed[0], "accepted_per_hour": round((accepted - resumed[1]) / wall_time_s * 3600),
+        "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": wall_time_s,
+        "invocations": len(invocations), "resumed_candidates": resumed[0],
+        "accepted_per_hour": round(accepted / wall_time_s * 3600) if wall_time_s else 0,
         "libraries": list(cfg.libraries), "versions": versions([*cfg.libraries, *op_libraries]),
     }
 

@@ -44,6 +44,25 @@ def run_fingerprint(cfg: RunConfig, device: str) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def record_invocation(staging: Path, started: str, wall_time_s: float, decided: int) -> None:
+    """This invocation's line in the run's ledger (`invocations.json`), rewritten after each
+    round: an invocation that is interrupted still counts the rounds it finished, and the
+    run's stats add every invocation up."""
+    ledger = staging / "invocations.json"
+    entries = read_invocations(staging)
+    entries[started] = {"wall_time_s": round(wall_time_s, 1), "decided": decided}
+    ledger.with_suffix(".tmp").write_text(json.dumps(entries, indent=1))
+    ledger.with_suffix(".tmp").replace(ledger)
+
+
+def read_invocations(staging: Path) -> dict[str, dict]:
+    """{start time: {"wall_time_s", "decided"}} of every invocation of the run so far."""
+    try:
+        return json.loads((staging / "invocations.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def read_rounds(staging: Path) -> list:
     return [record for path in sorted(staging.glob("round-*.jsonl")) for record in read_jsonl(path)]
 

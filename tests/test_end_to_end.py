@@ -126,9 +126,12 @@ def test_the_same_command_again_resumes_without_new_work(run_dir):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming" in again.stderr
     assert sorted(p.name for p in (out / ".staging").glob("round-*")) == before
-    stats = json.loads((out / "stats.json").read_text())  # this invocation's rate, not the run's total over its clock
+    stats = json.loads((out / "stats.json").read_text())  # the run's clock adds up both invocations
     assert stats["resumed_candidates"] == stats["composed"] and stats["accepted"] > 0
-    assert stats["accepted_per_hour"] == 0
+    ledger = json.loads((out / ".staging" / "invocations.json").read_text())
+    assert stats["invocations"] == len(ledger) == 2 and stats["wall_time_s"] > max(e["wall_time_s"] for e in ledger.values())
+    assert stats["wall_time_s"] == pytest.approx(sum(e["wall_time_s"] for e in ledger.values()), abs=0.2)
+    assert stats["accepted_per_hour"] == round(stats["accepted"] / stats["wall_time_s"] * 3600)
 
 
 def test_the_finished_run_publishes_as_a_version_that_loads_back(run_dir, tmp_path):
