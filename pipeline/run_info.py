@@ -20,7 +20,7 @@ def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, invocatio
         "device": device, "composer": cfg.composer, "sampling": cfg.sampling, "seed": cfg.seed,
         "window_ms": list(cfg.window_ms), "op_count_target": shares(cfg.op_count_mix),
         "atol": cfg.atol, "rtol": cfg.rtol, "determinism_tol": cfg.determinism_tol,
-        "reference": cfg.reference, "reference_revision": reference.revision if reference else None,
+        "reference": reference.name if reference else None, "reference_revision": reference.revision if reference else None,
         "decontaminated": reference is not None, "similarity_threshold": cfg.similarity_threshold,
         "dedupe_threshold": cfg.dedupe_threshold,
         "target_samples": cfg.num_samples, "stop_reason": stop_reason, "wall_time_s": wall_time_s,

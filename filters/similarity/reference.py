@@ -30,6 +30,7 @@ class ReferenceSetError(ValueError):
 class ReferenceSet:
     source: str
     revision: str
+    name: str  # what the reference is (KernelBench, a Hub id, a folder's name), never a local path
     fingerprints: tuple[Fingerprint, ...]
     unparsable: tuple[str, ...] = ()
     codes: tuple[str, ...] = ()  # the source of each fingerprint, in order (for tracing)
@@ -64,7 +65,7 @@ def trace_all(codes: list[str], pool, cache_dir: str | Path) -> list[str | None]
 
 
 def load_reference(source: str, levels: tuple[int, ...] = DEFAULT_LEVELS) -> ReferenceSet:
-    tasks, revision = _read_tasks(source, levels)
+    tasks, revision, name = _read_tasks(source, levels)
     if not tasks:
         raise ReferenceSetError(f"--reference {source} holds no tasks for levels {list(levels)}; "
                                 "point it at a KernelBench checkout, a folder of .py files or a Parquet file with a code column")
@@ -73,7 +74,7 @@ def load_reference(source: str, levels: tuple[int, ...] = DEFAULT_LEVELS) -> Ref
         log.warning("reference %s: %d tasks do not parse and are left out: %s", source, len(unparsable), unparsable[:5])
     digest = hashlib.sha256("\n".join(code for _, code in tasks).encode()).hexdigest()[:12]
     codes = dict(tasks)
-    return ReferenceSet(source, revision or f"content-{digest}", tuple(fingerprints), tuple(unparsable),
+    return ReferenceSet(source, revision or f"content-{digest}", name, tuple(fingerprints), tuple(unparsable),
                         tuple(codes[fp.name] for fp in fingerprints))
 
 
@@ -107,17 +108,22 @@ def read_parquet(path: Path):
                                 "pass a Parquet file with a `code` column or a folder of .py files") from None
 
 
-def _read_tasks(source: str, levels) -> tuple[list[tuple[str, str]], str | None]:
+def _read_tasks(source: str, levels) -> tuple[list[tuple[str, str]], str | None, str]:
+    """(tasks, revision, name). A folder's revision is its own git commit only when the folder
+    is the top of its own checkout: a copy of KernelBench inside another repository is named
+    by its content, not by that repository's commit."""
     path = Path(source)
     if path.exists():
         root = path / "KernelBench" if (path / "KernelBench").is_dir() else path
         level_dirs = [root / f"level{n}" for n in levels if (root / f"level{n}").is_dir()]
+        revision = _git_revision(path) if path.is_dir() else None
         if level_dirs:
             tasks = [(f"{d.name}/{p.name}", p.read_text()) for d in level_dirs for p in sorted(d.glob("*.py"))]
-            return tasks, _git_revision(path)
-        return read_tasks(source), _git_revision(path) if path.is_dir() else None
+            return tasks, revision, _checkout_name(path) or "KernelBench"
+        return read_tasks(source), revision, _checkout_name(path) or path.resolve().name
     if HUB_ID.match(source):
-        return _hub_tasks(source, levels)
+        tasks, revision = _hub_tasks(source, levels)
+        return tasks, revision, source
     raise ReferenceSetError(f"--reference {source}: no such file or folder, and not a Hub dataset id (ORG/NAME)")
 
 
@@ -145,8 +151,25 @@ def _hub_tasks(hub_id: str, levels) -> tuple[list[tuple[str, str]], str | None]:
 
 
 def _git_revision(path: Path) -> str | None:
+    """The commit of the checkout whose top is `path`, else None."""
+    top = _git(path, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != path.resolve():
+        return None
+    return _git(path, "rev-parse", "HEAD")
+
+
+def _checkout_name(path: Path) -> str | None:
+    """`OWNER/NAME` of the checkout whose top is `path`, from its origin's address, else None."""
+    if not path.is_dir() or _git_revision(path) is None:
+        return None
+    origin = _git(path, "config", "--get", "remote.origin.url")
+    match = re.search(r"([\w.-]+/[\w.-]+?)(?:\.git)?/?$", origin or "")
+    return match.group(1) if match else None
+
+
+def _git(path: Path, *args: str) -> str | None:
     try:
-        result = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        result = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.strip() or None if result.returncode == 0 else None

@@ -1,4 +1,7 @@
 import itertools
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -75,6 +78,35 @@ def test_kernelbench_layout_levels_and_parquet_references(tmp_path):
     pq.write_table(pa.table({"text": ["x"]}), tmp_path / "bad.parquet")
     with pytest.raises(ReferenceSetError, match="no `code` column"):
         load_reference(str(tmp_path / "bad.parquet"))
+
+
+def git(folder, *args):
+    subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def test_a_reference_is_named_by_what_it_is_never_by_a_local_path(tmp_path):
+    """Its own checkout: the origin's OWNER/NAME and its commit. A copy inside another
+    repository: KernelBench by its layout and its content, not that repository's commit."""
+    outer = tmp_path / "some-project"
+    (outer / "vendor").mkdir(parents=True)
+    shutil.copytree(REFERENCE / "level1", outer / "vendor" / "KernelBench" / "KernelBench" / "level1")
+    git(outer, "init", "-q")
+    git(outer, "add", ".")
+    git(outer, "commit", "-qm", "outer")
+    copy = load_reference(str(outer / "vendor" / "KernelBench"), (1,))
+    assert copy.name == "KernelBench" and copy.revision.startswith("content-")
+    own = tmp_path / "kb"
+    shutil.copytree(REFERENCE / "level1", own / "KernelBench" / "level1")
+    git(own, "init", "-q")
+    git(own, "remote", "add", "origin", "https://github.com/ScalingIntelligence/KernelBench.git")
+    git(own, "add", ".")
+    git(own, "commit", "-qm", "kb")
+    checkout = load_reference(str(own), (1,))
+    head = subprocess.run(["git", "-C", str(own), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert checkout.name == "ScalingIntelligence/KernelBench" and checkout.revision == head
+    assert str(tmp_path) not in checkout.name + checkout.revision + copy.name + copy.revision
 
 
 def test_dedupe_command_flags_disguised_copies_and_not_unrelated_tasks(tmp_path, capsys):
