@@ -124,13 +124,18 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         "",
         "```python",
         "from datasets import load_dataset",
+        "from outputs.load import load_task  # pip install opsynth",
         "",
         'tasks = load_dataset("ORG/NAME", split="train")  # or the path of this folder',
-        'namespace = {}',
-        'exec(tasks[0]["code"], namespace)',
-        'model = namespace["Model"](*namespace["get_init_inputs"]())',
-        'output = model(*namespace["get_inputs"]())',
+        "task = load_task(tasks[0])  # refuses, before running any of it, code outside opsynth's static policy",
+        "model = task.Model(*task.get_init_inputs())",
+        "output = model(*task.get_inputs())",
         "```",
+        "",
+        "A task's code is a program: run it only through `load_task`, which applies the static policy "
+        "every task passed in opsynth's sandbox (no file system, process, network or interpreter access) "
+        "before it runs anything. A task that stays harmless under validation and acts only when some "
+        "condition holds on your machine is refused, since the code it would need is.",
         "",
         "## Provenance",
         "",

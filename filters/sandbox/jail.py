@@ -206,12 +206,12 @@ def _not_dumpable() -> None:
 
 
 def redact(text: str, secrets: tuple[str, ...] | None = None) -> str:
-    """`text` with the value of every secret-looking environment variable of this process
-    replaced: the last guard before a reject's detail or a worker's log is written."""
-    for value in secrets if secrets is not None else secret_values():
-        text = text.replace(value, "[redacted]")
-    return text
+    """`text` with this process's secrets replaced, in every form filters/sandbox/redaction.py searches."""
+    from filters.sandbox import redaction
+    return redaction.redact(text, secrets)
 
 
 def secret_values() -> tuple[str, ...]:
-    return tuple(value for name, value in os.environ.items() if SECRET_NAME.search(name) and len(value) >= 6)
+    """The values of this process's secret-looking environment variables."""
+    from filters.sandbox import redaction
+    return redaction.secret_values()

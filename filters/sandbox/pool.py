@@ -27,13 +27,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from filters.sandbox import jail
+from filters.sandbox import jail, redaction
 from filters.sandbox.resize import with_constant
 from filters.sandbox.worker import MAX_DETAIL, check_result, failure, longest_job_s, receive, send
 
 POLL_S = 0.2
 BACKSTOP_S = 30.0  # past the longest job its zygote allows, the pool replaces the worker
-MAX_LOG_BYTES = 4 << 20  # what one worker may write to workers.log
+MAX_JOB_LOG_BYTES = 256 << 10  # what one job (or a worker's start) may write to workers.log
+MAX_LOG_LINE = 2_000  # characters of one workers.log line; the rest is counted, not kept
+LOG_CHUNK = 64 << 10  # bytes of a worker's stderr read at a time: no line is ever read whole
+LOG_KEPT = 16 << 10  # bytes of a line redacted before its cut: a secret across the cut goes whole
 WORKER_ENV = {
     "PYTHONUNBUFFERED": "1",
     "TORCHINDUCTOR_COMPILE_THREADS": "1",  # no compile subprocess pool per worker
@@ -90,9 +93,11 @@ class Worker:
         self.jobs = itertools.count()
         self.log_tail: deque[str] = deque(maxlen=5)
         self.host_fault = False  # the last job ended by the worker's failure, not by its task
+        self.log_job = 0  # the job whose lines the worker's log now holds, for its per-job budget
 
     def run(self, job: dict) -> dict:
         self.host_fault = False
+        self.log_job += 1
         if not self.alive():
             self.start()
         job_id = f"{os.getpid()}-{id(self)}-{next(self.jobs)}"
@@ -141,16 +146,20 @@ class Worker:
         self.info = ready
 
     def _copy_log(self, stream) -> None:
-        """The worker's stderr, secrets redacted and capped, into the run's workers.log."""
-        secrets, written = jail.secret_values(), 0
+        """The worker's stderr into the run's workers.log, a line at a time, each line cut to
+        MAX_LOG_LINE characters and redacted, each job's lines to MAX_JOB_LOG_BYTES: a job
+        that floods its log loses its own lines, never a later job's (`run` counts the jobs)."""
+        secrets = redaction.secret_values()
         log = open(self.options.log_path, "a", errors="replace") if self.options.log_path else None
+        job, written = -1, 0
         try:
-            for raw in stream:
-                line = jail.redact(raw.decode(errors="replace"), secrets)
+            while (line := _read_line(stream, secrets)) is not None:
                 self.log_tail.append(line.strip()[:300])
-                if log and written < MAX_LOG_BYTES:
+                if job != self.log_job:
+                    job, written = self.log_job, 0
+                if log and written < MAX_JOB_LOG_BYTES:
                     written += len(line)
-                    log.write(line if written < MAX_LOG_BYTES else "[workers.log: this worker's output cut here]\n")
+                    log.write(line if written < MAX_JOB_LOG_BYTES else "[workers.log: this job's output cut here]\n")
                     log.flush()
         finally:
             if log:
@@ -289,13 +298,32 @@ def close_shared_pools() -> None:
 
 def _finish(job: dict, result: dict) -> dict:
     """The result as the pipeline takes it: with the code it applies to, which is the job's
-    own, re-sized here when the checks changed its batch size, and a detail that names no
-    secret of this process."""
+    own, re-sized here when the checks changed its batch size, and every string the child
+    sent (its detail, its metrics' names and strings) naming no secret of this process."""
     code = job["code"]
     batch = result["metrics"].get("batch_size")
     if result["metrics"].get("resized") and isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
         code = with_constant(code, batch)
-    return {**result, "detail": jail.redact(result["detail"])[:MAX_DETAIL], "code": code}
+    clean = redaction.clean_strings(result)
+    return {**clean, "detail": clean["detail"][:MAX_DETAIL], "code": code}
+
+
+def _read_line(stream, secrets: tuple[str, ...]) -> str | None:
+    """The next line of a worker's stderr, redacted and cut to MAX_LOG_LINE characters with a
+    note of its length; None at the end. It is read LOG_CHUNK bytes at a time and only its
+    first LOG_KEPT bytes are kept: a line of any length costs this process no memory."""
+    head, size = b"", 0
+    while chunk := stream.readline(LOG_CHUNK):
+        head += chunk[:max(0, LOG_KEPT - len(head))]
+        size += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    if not size:
+        return None
+    text = redaction.redact(head.decode(errors="replace").rstrip("\n"), secrets)
+    if size > len(head) or len(text) > MAX_LOG_LINE:
+        text = f"{text[:MAX_LOG_LINE]} [workers.log: a line of {size} bytes, cut to {MAX_LOG_LINE} characters]"
+    return text + "\n"
 
 
 def _timing_lock(folder: str, gpu: str) -> str:
