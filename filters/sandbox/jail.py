@@ -4,9 +4,14 @@ with a seccomp filter built by libseccomp (pyseccomp).
 What the process that runs task code is given:
 - PID, network, IPC, UTS and cgroup namespaces of its own: no host process to see or signal,
   no network at all (loopback included);
-- `/` read-only; fresh, size-capped tmpfs at /tmp (its only writable place), /dev/shm, /run
-  and /var/tmp; the home folders (/root, /home, $HOME) replaced by empty ones, with only the
-  Python installation and opsynth's own code bound back, read-only;
+- not the host's `/`: only what Python, torch, the compilers and the GPU driver read, bound
+  read-only at the same paths (the system folders, a few files of /etc, /sys, the Python
+  installation, opsynth's code packages, the LD_LIBRARY_PATH folders, the GPU timing locks);
+  every other host file (the checkout's other files, /work, /root, /home, /opt, /srv, /var,
+  /mnt ...) is not there at all. The folders bwrap makes to hold these binds are read-only;
+  the only writable places are fresh, size-capped tmpfs at /tmp and /dev/shm;
+- no writable folder on the module search path (PYTHONSAFEPATH, and a read-only working
+  folder for a Python without it), so nothing a job leaves can be imported by another;
 - a minimal /dev (null, zero, urandom, ...) and, on a GPU host, the /dev/nvidia* nodes;
 - no capabilities, no_new_privs, an unprivileged uid: as root, bwrap keeps only
   CAP_SETUID/CAP_SETGID and the worker drops to SANDBOX_UID before it reads anything else
@@ -16,6 +21,8 @@ What the process that runs task code is given:
   keyrings, io_uring and every socket but AF_UNIX (CUDA's runtime needs one; the worker's
   audit hook refuses them to task code);
 - an environment holding only the names a worker needs (no API key or token).
+Each job's child then confines its own writes to its job folder with Landlock
+(`filters.sandbox.landlock`), where the kernel has it.
 """
 from __future__ import annotations
 
@@ -31,7 +38,14 @@ from pathlib import Path
 
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding filters/
-HIDDEN = ("/tmp", "/var/tmp", "/run", "/root", "/home")  # replaced by empty tmpfs in the jail
+CODE_PACKAGES = ("filters", "operators", "pipeline", "outputs")  # of PROJECT_ROOT, all the jail sees
+# Host paths bound read-only at the same place: the system (with merged /usr, /bin and /lib
+# are links into it), /sys (torch and NVML read the CPUs and GPUs there) and, of /etc, what
+# the loader, the compilers (cc is /etc/alternatives/cc) and uid 65534's name lookups read.
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
+          "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd",
+          "/etc/group", "/etc/nsswitch.conf", "/etc/localtime", "/etc/timezone")
+WRITABLE = ("/tmp", "/dev/shm")  # the jail's own tmpfs: its only writable places
 TMP_SIZE = 4 << 30  # the worker's scratch: its job folders and compiler output
 SHM_SIZE = 512 << 20
 # Environment names passed into the jail; anything that looks like a secret never is.
@@ -66,79 +80,121 @@ def bwrap() -> str:
 def command(argv: list[str], *, gpu: bool, env: dict[str, str], seccomp_fd: int,
             readable: tuple[str, ...] = (), privileged: bool | None = None, bind_python: bool = True) -> list[str]:
     """The bwrap command line that runs `argv` jailed. `readable` are host folders the jail
-    must read although they lie under a hidden one (the GPU timing locks). `privileged`
-    (default: this process is root) picks the root form; the other is for any other user.
-    `bind_python=False` leaves the Python installation hidden (for a program that needs none)."""
+    must read (the GPU timing locks). `privileged` (default: this process is root) picks the
+    root form; the other is for any other user. `bind_python=False` leaves the Python
+    installation and opsynth's code out (for a program that needs neither)."""
     as_root = os.geteuid() == 0 if privileged is None else privileged
     args = [bwrap(), "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try"]
     args += (["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if as_root
              else ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"])
-    args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    hidden = _hidden()
-    for folder in hidden:
-        size = ["--size", str(TMP_SIZE)] if folder == "/tmp" else []
-        args += ["--perms", "1777" if folder == "/tmp" else "0755", *size, "--tmpfs", folder]
-    args += ["--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm"]
-    bound = _bound_back(readable, hidden) if bind_python else set()
-    for folder in sorted(_ancestors(bound, hidden), key=len):  # bwrap would make them 0700: unreadable after the drop
-        args += ["--perms", "0755", "--dir", folder]
-    for path in sorted(bound, key=len):
-        args += ["--ro-bind", path, path]
-    for folder in hidden:  # a home inside the project, say: hidden again
-        if any(folder.startswith(path + "/") for path in bound):
-            args += ["--perms", "0755", "--tmpfs", folder]
-    if gpu:
-        for node in sorted(glob.glob("/dev/nvidia*")):
-            args += ["--dev-bind", node, node]
+    args += _layout(gpu, [*SYSTEM, *(_python_installation() if bind_python else ()), *_library_path(), *readable])
+    args += ["--remount-ro", "/"]  # the folders made to hold the binds: a task adds nothing to them
     args += ["--clearenv", *[item for name, value in sorted(env.items()) for item in ("--setenv", name, value)]]
-    args += ["--seccomp", str(seccomp_fd), "--chdir", "/tmp", "--", *argv]
+    # A Python older than 3.11 ignores PYTHONSAFEPATH and puts its working folder first on
+    # sys.path: a read-only one.
+    args += ["--seccomp", str(seccomp_fd), "--chdir", PROJECT_ROOT if bind_python else "/", "--", *argv]
     return args
 
 
 def environment(extra: dict[str, str]) -> dict[str, str]:
     """What the jail's environment holds: passed-through names (never one that looks like a
-    secret), the module search path of this process, and `extra`."""
+    secret), the module search path of this process (its read-only folders only) and `extra`."""
     passed = {name: value for name, value in os.environ.items()
               if PASSED_ENV.match(name) and not SECRET_NAME.search(name)}
-    search_path = [p for p in dict.fromkeys([PROJECT_ROOT, *sys.path]) if p and os.path.isdir(p)]
+    search_path = [PROJECT_ROOT, *_python_paths()]
+    programs = [p for p in passed.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)
+                if p.startswith("/") and not _under(p, WRITABLE)]
     env = {**passed, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": passed.get("LANG", "C.UTF-8"),
            "PYTHONPATH": os.pathsep.join(search_path), "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
-           "PATH": passed.get("PATH", "/usr/local/bin:/usr/bin:/bin")}
+           "PYTHONSAFEPATH": "1", "PATH": os.pathsep.join(programs)}
     if os.geteuid() == 0:
         env["OPSYNTH_DROP_TO"] = f"{SANDBOX_UID}:{SANDBOX_GID}"
     return {**env, **extra}
 
 
-def _hidden() -> list[str]:
-    """The folders the jail replaces by empty ones: HIDDEN and this user's home, where they exist."""
-    home = os.environ.get("HOME")
-    home = os.path.realpath(home) if home and os.path.realpath(home) != "/" else None
-    return [folder for folder in dict.fromkeys((*HIDDEN, home)) if folder and os.path.isdir(folder)]
+def _python_installation() -> list[str]:
+    """The host folders Python and opsynth run from: the installation, the module search
+    path and opsynth's code packages (not the rest of its checkout: outputs, caches, tests)."""
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                os.path.dirname(os.path.realpath(sys.executable))]
+    code = [os.path.join(PROJECT_ROOT, name) for name in CODE_PACKAGES]
+    return [p for p in dict.fromkeys([*prefixes, *_python_paths(), *code]) if _may_bind(p)]
 
 
-def _bound_back(readable: tuple[str, ...], hidden: list[str]) -> set[str]:
-    """The Python installation, opsynth's code and `readable`, where they lie under a hidden
-    folder (a pyenv Python under /root, a venv in the user's home, wheels under /tmp)."""
-    needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, PROJECT_ROOT, *sys.path,
-              os.path.dirname(os.path.realpath(sys.executable)), *readable]
-    bound = set()
-    for path in needed:
-        for candidate in {path, os.path.realpath(path)} if path else ():
-            if os.path.isdir(candidate) and any(candidate.startswith(h + "/") for h in hidden):
-                bound.add(candidate)
-    return bound
+def _python_paths() -> list[str]:
+    """This process's module search path, but for the checkout (only its code packages are
+    bound) and what the jail cannot show read-only."""
+    return [p for p in dict.fromkeys(sys.path) if os.path.isabs(p) and os.path.isdir(p) and _may_bind(p)]
 
 
-def _ancestors(paths: set[str], hidden: list[str]) -> set[str]:
-    """The folders between a hidden folder and each path bound back under it."""
-    folders = set()
-    for path in paths:
-        parent = os.path.dirname(path)
-        while parent not in hidden and parent != "/" and parent not in paths:
-            folders.add(parent)
-            parent = os.path.dirname(parent)
-    return folders
+def _library_path() -> list[str]:
+    return [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+            if os.path.isabs(p) and os.path.isdir(p) and _may_bind(p)]
+
+
+def _may_bind(path: str) -> bool:
+    """Not the checkout or a folder above it, not a whole top-level folder (/opt, /root,
+    /work ...) and nothing over the jail's own mounts."""
+    path = os.path.normpath(path)
+    return (path.count("/") > 1 and not _under(PROJECT_ROOT, (path,))
+            and not any(_under(own, (path,)) for own in (*WRITABLE, "/dev", "/proc")))
+
+
+def _under(path: str, folders) -> bool:
+    """Whether `path` is one of `folders` or lies inside one."""
+    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+def _layout(gpu: bool, host_paths: list[str]) -> list[str]:
+    """bwrap's arguments for the jail's file system: its own /dev, /proc and tmpfs, and each
+    of `host_paths` that exists, read-only at the same place (parents first)."""
+    mounts = {"/dev": ("dev", ["--dev", "/dev"]), "/proc": ("proc", ["--proc", "/proc"]),
+              "/tmp": ("tmpfs", ["--perms", "1777", "--size", str(TMP_SIZE), "--tmpfs", "/tmp"]),
+              "/dev/shm": ("tmpfs", ["--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm"])}
+    if gpu:
+        for node in sorted(glob.glob("/dev/nvidia*")):
+            mounts[node] = ("bind", ["--dev-bind", node, node])
+    for path in sorted({os.path.normpath(p) for p in host_paths}, key=len):
+        if os.path.lexists(path):
+            _mirror(path, mounts)
+    return [arg for path in sorted(mounts, key=lambda p: p.count("/")) for arg in mounts[path][1]]
+
+
+def _mirror(path: str, mounts: dict, leaf: bool = True) -> None:
+    """Make host `path` appear at the same place in the jail: its parent folders made (0755:
+    bwrap's own would be unreadable after the drop), a symbolic link made again with its
+    target mirrored, and `path` itself bound read-only."""
+    if path == "/" or _shown(path, mounts, leaf):
+        return
+    parent = os.path.dirname(path)
+    if os.path.realpath(parent) != parent:  # a link on the way: the same links, then the real place
+        _mirror(parent, mounts, leaf=False)
+        _mirror(os.path.join(os.path.realpath(parent), os.path.basename(path)), mounts, leaf)
+        return
+    _mirror(parent, mounts, leaf=False)
+    if os.path.islink(path):
+        _mirror(os.path.realpath(path), mounts, leaf)
+        mounts[path] = ("link", ["--symlink", os.readlink(path), path])
+    elif leaf:
+        for inside in [p for p in mounts if p.startswith(path + "/")]:  # a folder made for a deeper bind
+            del mounts[inside]
+        mounts[path] = ("bind", ["--ro-bind", path, path])
+    elif path not in mounts:
+        mounts[path] = ("dir", ["--perms", "0755", "--dir", path])
+
+
+def _shown(path: str, mounts: dict, leaf: bool) -> bool:
+    """Whether the jail shows host `path` as it must already: made, or inside a bound folder
+    (not inside a tmpfs or a folder made for a deeper bind)."""
+    if path in mounts:
+        return not (leaf and mounts[path][0] == "dir")
+    folder = os.path.dirname(path)
+    while folder != "/":
+        if folder in mounts:
+            return mounts[folder][0] in ("bind", "dev", "proc")
+        folder = os.path.dirname(folder)
+    return False
 
 
 @functools.cache
@@ -191,7 +247,9 @@ def drop_privileges() -> str:
     if os.getuid() == 0 or os.geteuid() == 0 or int(fields["CapEff"], 16) or fields["NoNewPrivs"].strip() != "1":
         raise SystemExit(f"opsynth worker: refusing to run tasks as uid {os.getuid()} with capabilities "
                          f"{fields['CapEff'].strip()} and no_new_privs {fields['NoNewPrivs'].strip()}")
-    return f"uid {os.getuid()}, gid {os.getgid()}, no capabilities, no_new_privs, seccomp {fields['Seccomp'].strip()}"
+    from filters.sandbox import landlock
+    return (f"uid {os.getuid()}, gid {os.getgid()}, no capabilities, no_new_privs, seccomp {fields['Seccomp'].strip()}, "
+            f"{landlock.status()}")
 
 
 def _not_dumpable() -> None:

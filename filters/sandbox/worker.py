@@ -27,14 +27,15 @@ import mmap
 import os
 import resource
 import select
-import shutil
 import signal
+import stat
 import struct
 import sys
 import tempfile
 import time
 
 from filters.sandbox.jail import drop_privileges
+from filters.sandbox.landlock import restrict_writes_to
 
 MAX_RESULT_BYTES = 1 << 20
 MAX_OP_GRAPH = 20_000  # characters of a traced op sequence: a level-3 network has a few thousand
@@ -283,19 +284,77 @@ def _own_pid_namespace() -> bool:
 
 
 def _wipe() -> None:
-    """Everything a child left where the next one could read it."""
-    for folder in ("/tmp", "/dev/shm"):
-        for name in os.listdir(folder):
-            path = os.path.join(folder, name)
-            if path == ZYGOTE_DIR or os.path.ismount(path):  # the GPU timing locks are bound in read-only
+    """Everything a child left where the next one could read it, whatever its mode (a 0555
+    folder with files in it, a 0000 file, a fifo, a link loop, a tree too deep for a path).
+    What cannot be removed ends the worker: its jail, /tmp and all, goes with it."""
+    left = [path for folder in ("/tmp", "/dev/shm") for path in _clear(folder, keep=(ZYGOTE_DIR,))]
+    if left:
+        raise SystemExit(f"opsynth worker: a job left what the wipe cannot remove ({', '.join(left[:3])}); "
+                         "ending this worker")
+
+
+def _clear(folder: str, keep: tuple[str, ...] = ()) -> list[str]:
+    """Remove everything inside `folder` but `keep` and mount points (the GPU timing locks are
+    bound in read-only) with the folders that lead to them; returns what could not be removed.
+    It walks by changing folder, one level at a time: no path grows with the depth, no
+    descriptor is held per level, nothing is followed (no task runs now: nothing moves)."""
+    left, home = [], os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.chdir(folder)
+        device = os.lstat(".").st_dev
+        trail = []  # (name, holds a mount) of each folder walked into
+        pending = [[n for n in os.listdir(".") if os.path.join(folder, n) not in keep]]
+        while pending:
+            if not pending[-1]:  # this folder is done: leave it, and remove it unless it must stay
+                pending.pop()
+                if not trail:
+                    break
+                name, holds_mount = trail.pop()
+                os.chdir("..")
+                if holds_mount:
+                    _holds_mount(trail)
+                elif not _removed(name, os.rmdir):
+                    left.append(name)
                 continue
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
+            name = pending[-1].pop()
+            try:
+                info = os.lstat(name)
+            except FileNotFoundError:
+                continue
+            if info.st_dev != device:  # a mount: it stays, and so do the folders to it
+                _holds_mount(trail)
+            elif stat.S_ISDIR(info.st_mode):
+                _removed(name, lambda n: os.chmod(n, stat.S_IRWXU))  # owner's rights: to list and empty it
                 try:
-                    os.unlink(path)
+                    entries = os.listdir(name)
+                    os.chdir(name)
                 except OSError:
-                    pass
+                    left.append(name)
+                    continue
+                trail.append((name, False))
+                pending.append(entries)
+            elif not _removed(name, os.unlink):
+                left.append(name)
+    finally:
+        os.fchdir(home)
+        os.close(home)
+    return left
+
+
+def _holds_mount(trail: list) -> None:
+    """The folder walked into last holds a mount: it stays."""
+    if trail:
+        trail[-1] = (trail[-1][0], True)
+
+
+def _removed(name: str, remove) -> bool:
+    try:
+        remove(name)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def _rss_bytes(pid: int) -> int:
@@ -343,6 +402,7 @@ def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         _own_folders(workdir)
+        restrict_writes_to(workdir)  # before any task code: the kernel refuses every write outside the job's folder
         _limit(options)
         result = body()
     except BaseException as error:  # SystemExit, KeyboardInterrupt from the task: a crash, not ours

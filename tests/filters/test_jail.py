@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from filters.sandbox import jail
+from filters.sandbox import jail, landlock
+from tests.conftest import make_task
 
 ATTACKER_PREAMBLE = """\
 import ctypes, os, sys
@@ -24,10 +25,11 @@ def refused(result):
 """
 
 
-def run_jailed(script: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+def run_jailed(script: str, extra_env: dict | None = None, readable: tuple[str, ...] = (),
+               setup: str = "") -> subprocess.CompletedProcess:
     seccomp = jail.seccomp_pipe()
-    command = jail.command([sys.executable, "-c", ATTACKER_PREAMBLE + textwrap.dedent(script)], gpu=False,
-                           env=jail.environment(extra_env or {}), seccomp_fd=seccomp)
+    command = jail.command([sys.executable, "-c", ATTACKER_PREAMBLE + setup + textwrap.dedent(script)], gpu=False,
+                           env=jail.environment(extra_env or {}), seccomp_fd=seccomp, readable=readable)
     try:
         return subprocess.run(command, pass_fds=(seccomp,), capture_output=True, text=True, timeout=60)
     finally:
@@ -152,3 +154,209 @@ def test_the_form_for_an_ordinary_user_holds_too():
     status = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
     assert int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
     assert "WROTE" not in result.stdout and not Path("/opsynth-owned").exists()
+
+
+def test_host_files_outside_the_binds_are_not_in_the_jail(tmp_path):
+    """Only the system, the Python installation and opsynth's code packages are bound: a
+    world-readable file anywhere else on the host (another folder of the checkout, /opt,
+    /var, a test's own folder) is not there at all."""
+    out = Path(jail.PROJECT_ROOT) / "out"
+    made_out = not out.exists()
+    probes = [Path(f"/opt/opsynth-probe-{os.getpid()}"), Path(f"/var/lib/opsynth-probe-{os.getpid()}"),
+              out / f"opsynth-probe-{os.getpid()}", tmp_path / "probe"]
+    try:
+        for probe in probes:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_text("host secret")
+            probe.chmod(0o644)
+        result = run_jailed(f"""
+            for path in {[str(p) for p in probes]!r}:
+                assert not os.path.lexists(path), path
+            assert sorted(os.listdir({jail.PROJECT_ROOT!r})) == {sorted(jail.CODE_PACKAGES)!r}
+            import torch  # and what a job needs is there
+            print("HELD")
+        """)
+    finally:
+        for probe in probes:
+            probe.unlink(missing_ok=True)
+        if made_out:
+            out.rmdir()
+    assert_held(result)
+
+
+def test_no_folder_on_the_module_search_path_is_writable():
+    assert_held(run_jailed("""
+        import importlib.util
+        writable = [p for p in sys.path if os.access(p or ".", os.W_OK)]
+        assert not writable and "" not in sys.path, sys.path
+        print("HELD")
+    """))
+
+
+LANDLOCKED = """\
+import errno, signal, socket, subprocess, tempfile
+from filters.sandbox.landlock import restrict_writes_to
+outside = tempfile.mkdtemp(dir="/tmp")  # what the jail's uid could write without Landlock
+os.mkdir(outside + "/sub")
+open(outside + "/file", "w").write("kept")
+job = tempfile.mkdtemp(prefix="job-", dir="/tmp")
+open(job + "/mine", "w").write("mine")
+def denied(action, *args):
+    try:
+        action(*args)
+    except OSError as error:
+        assert error.errno in (errno.EACCES, errno.EPERM, errno.EXDEV, errno.EROFS), (action, args, error)
+        return
+    raise SystemExit(f"allowed: {action.__name__}{args}")
+"""
+
+
+@pytest.mark.skipif(not landlock.abi_version()[0], reason="this kernel has no Landlock")
+def test_landlock_refuses_every_write_outside_the_job_folder():
+    """As the worker's child does, before any task code: from then on every write, make,
+    rename, link and removal outside its job folder is the kernel's to refuse, for it and for
+    every program it starts; inside the job folder all of them work."""
+    assert_held(run_jailed(setup=LANDLOCKED, script="""
+        assert restrict_writes_to(job) >= 1
+        denied(open, outside + "/file", "w")
+        denied(open, "/tmp/new", "w")
+        denied(os.truncate, outside + "/file", 0)
+        denied(os.rename, outside + "/file", outside + "/renamed")
+        denied(os.rename, outside + "/file", job + "/stolen")
+        denied(os.rename, job + "/mine", outside + "/mine")
+        denied(os.mkdir, outside + "/made")
+        denied(os.mkdir, "/tmp/opsynth_plant")
+        denied(os.symlink, job, "/tmp/link")
+        denied(os.link, job + "/mine", outside + "/hard")
+        denied(os.mkfifo, "/tmp/fifo")
+        denied(os.unlink, outside + "/file")
+        denied(os.rmdir, outside + "/sub")
+        denied(os.chmod, "/tmp", 0o777)  # not its own: the owner's right; the host's are read-only
+        denied(os.chmod, "/usr", 0o777)
+        shell = subprocess.run(["/bin/sh", "-c", f"echo owned > {outside}/file || mkdir /tmp/by-a-child"])
+        assert shell.returncode != 0 and open(outside + "/file").read() == "kept"
+        assert sorted(os.listdir(outside)) == ["file", "sub"]
+        open(job + "/new", "w").write("fine")
+        os.mkdir(job + "/folder")
+        os.rename(job + "/new", job + "/folder/moved")
+        os.symlink("folder/moved", job + "/link")
+        os.link(job + "/mine", job + "/folder/hard")
+        os.unlink(job + "/folder/hard")
+        open("/dev/null", "w").write("fine")
+        assert sorted(os.listdir("/tmp")) == sorted([os.path.basename(outside), os.path.basename(job)])
+        print("HELD")
+    """))
+
+
+@pytest.mark.skipif(landlock.abi_version()[0] < 6, reason="this kernel's Landlock scopes no signal or socket")
+def test_landlock_keeps_the_child_from_signalling_or_calling_processes_outside_its_domain():
+    """The zygote stands outside the child's domain: the child can neither signal it nor
+    connect to an abstract socket it listens on."""
+    assert_held(run_jailed(setup=LANDLOCKED, script="""
+        zygote = os.fork()
+        if zygote == 0:
+            signal.pause()
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind("\\0opsynth-zygote-probe")
+        listener.listen(1)
+        os.kill(zygote, 0)  # allowed before
+        restrict_writes_to(job)
+        denied(os.kill, zygote, signal.SIGKILL)
+        denied(socket.socket(socket.AF_UNIX).connect, "\\0opsynth-zygote-probe")
+        os.kill(os.getpid(), 0)  # its own domain is its own
+        print("HELD")
+    """))
+
+
+def test_without_landlock_the_worker_says_so_and_the_child_goes_on():
+    """gVisor's kernel has no Landlock: the ready message says why, and restricting is no error."""
+    assert_held(run_jailed(setup=LANDLOCKED, script="""
+        import pyseccomp
+        no_landlock = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+        no_landlock.add_rule(pyseccomp.ERRNO(errno.ENOSYS), 444)
+        no_landlock.load()
+        assert drop_privileges is not None and restrict_writes_to(job) == 0
+        from filters.sandbox.landlock import status
+        assert status().startswith("landlock: unavailable (ENOSYS"), status()
+        print("HELD")
+    """))
+
+
+def test_the_wipe_removes_whatever_a_job_left_whatever_its_mode(tmp_path):
+    """As the jail's uid, in the jail's /tmp: a 0555 folder holding a package, a 0000 file and
+    folder, a link loop, a link out of the job, a fifo, a tree deeper than a path can name. The
+    zygote's folder and a folder bound in (the GPU timing locks) stay."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    (locks / "gpu0.lock").write_text("")
+    kept = {"zygote", *(locks.parts[2:3] if locks.parts[1] == "tmp" else ())}  # and the folders to the locks
+    assert_held(run_jailed(f"""
+        from filters.sandbox.worker import _clear
+        os.makedirs("/tmp/zygote/headers")
+        open("/tmp/zygote/headers/kept.h", "w").write("kept")
+        job = "/tmp/job-left"
+        os.makedirs(job + "/plant/opsynth_plant")
+        open(job + "/plant/opsynth_plant/__init__.py", "w").write("owned")
+        for folder in (job + "/plant/opsynth_plant", job + "/plant"):
+            os.chmod(folder, 0o555)
+        open(job + "/closed", "w").write("x"); os.chmod(job + "/closed", 0)
+        os.makedirs(job + "/shut/inside"); os.chmod(job + "/shut", 0)
+        os.symlink("loop-b", job + "/loop-a"); os.symlink("loop-a", job + "/loop-b")
+        os.symlink("/tmp/zygote", job + "/to-zygote")
+        os.mkfifo(job + "/fifo"); os.mkfifo("/dev/shm/fifo")
+        os.chdir(job)
+        for _ in range(3000):  # 6000 characters: past PATH_MAX
+            os.mkdir("d"); os.chdir("d")
+        os.chdir("/")
+        assert _clear("/tmp", keep=("/tmp/zygote",)) == [] and _clear("/dev/shm") == []
+        assert set(os.listdir("/tmp")) == {kept!r}, os.listdir("/tmp")
+        assert open("/tmp/zygote/headers/kept.h").read() == "kept" and not os.listdir("/dev/shm")
+        assert os.path.exists({str(locks / "gpu0.lock")!r})
+        print("HELD")
+    """, readable=(str(locks),)))
+
+
+# -- through the real pool: raw code with no static check, the attacker with the interpreter --
+
+FAST = {"compile": False, "window_ms": [1e-6, 1e6]}
+PLANT = make_task("return torch.sigmoid(x).cumsum(-1)", header=f"""\
+import os, sys
+targets = ["/tmp", "/dev/shm", *[p for p in sys.path if os.path.isabs(p)]]  # the others: path hooks
+planted = []
+for folder in targets:
+    try:
+        os.makedirs(folder + "/opsynth_plant", exist_ok=True)
+        open(folder + "/opsynth_plant/__init__.py", "w").write("raise SystemExit('planted')")
+        os.chmod(folder + "/opsynth_plant", 0o555)
+        planted.append(folder)
+    except OSError:
+        pass
+assert not ({landlock.abi_version()[0] > 0} and planted), planted
+if not os.path.exists("opsynth_plant"):  # in its own folder, where it may: a 0555 package, a 0000 file, a fifo
+    os.makedirs("opsynth_plant/deeper")
+    open("opsynth_plant/__init__.py", "w").write("raise SystemExit('planted')")
+    open("closed", "w").write("x")
+    os.chmod("closed", 0)
+    os.mkfifo("fifo")
+    os.chmod("opsynth_plant", 0o555)
+""")
+CENSUS = make_task("return torch.sigmoid(x).cumsum(-1)", header="""\
+import importlib.util, os, sys
+assert importlib.util.find_spec("opsynth_plant") is None, "a plant is importable"
+assert set(os.listdir("/tmp")) == {"zygote", os.path.basename(os.getcwd())}, os.listdir("/tmp")
+assert not os.listdir("/dev/shm"), os.listdir("/dev/shm")
+assert not [p for p in sys.path if os.access(p or ".", os.W_OK)], sys.path
+""")
+
+
+def test_a_plant_never_reaches_a_later_job_on_any_worker(pool):
+    """A job tries a package in /tmp, /dev/shm and every folder of its search path (Landlock
+    and the read-only layout refuse it) and leaves one, 0555, in its own folder with a 0000
+    file and a fifo: the next job on every worker finds none of it, nothing importable, and
+    no writable folder on its search path. Each worker says whether Landlock holds."""
+    planted = pool.run_many([{"code": PLANT, "config": FAST}] * len(pool.workers))  # one on each worker
+    assert all(result["passed"] for result in planted), planted
+    checked = pool.run_many([{"code": CENSUS, "config": FAST}] * len(pool.workers))
+    assert all(result["passed"] for result in checked), checked
+    for worker in pool.workers:
+        assert worker.info["jail"].endswith(landlock.status()), worker.info
