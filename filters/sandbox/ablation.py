@@ -98,18 +98,21 @@ def _ops(graph_module) -> list:
 
 
 def _without(graph_module, start: int, window: int):
-    """A copy of the graph with ops start..start+window-1 dropped, or None when they are not
-    a droppable chain: each op after the first reads the one before, which nothing else reads."""
+    """A copy of the graph with the chain of `window` ops that starts at op `start` dropped, or
+    None when there is no such droppable chain: each op after the first is the only reader of
+    the one before and takes it as its first input (other reads, such as a shape, may lie
+    between them in the graph)."""
     copy = fx.GraphModule(graph_module, copy_graph(graph_module.graph))
     ops = _ops(copy)
-    run = ops[start:start + window]
-    if len(run) < window or any(not _droppable(node) for node in run):
-        return None, ""
-    for before, after in zip(run, run[1:]):
-        if _source(after) is not before or len(before.users) != 1:
+    run = [ops[start]]
+    while len(run) < window:
+        users = list(run[-1].users)
+        if len(users) != 1 or users[0] not in ops or _source(users[0]) is not run[-1]:
             return None, ""
-    source, last = _source(run[0]), run[-1]
-    last.replace_all_uses_with(source)
+        run.append(users[0])
+    if any(not _droppable(node) for node in run):
+        return None, ""
+    run[-1].replace_all_uses_with(_source(run[0]))
     for node in reversed(run):
         copy.graph.erase_node(node)
     copy.recompile()

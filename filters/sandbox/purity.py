@@ -71,6 +71,7 @@ class _Walker:
     def __init__(self):
         self.items: list = []
         self.seen: set[int] = set()
+        self.alive: list = []  # what was walked, kept alive: a freed object's id is reused
 
     def add(self, label: str, value) -> None:
         self.items.append((label, self.walk(value, 0)))
@@ -78,11 +79,13 @@ class _Walker:
     def walk(self, value, depth: int):
         if isinstance(value, (type(None), bool, int, float, complex, str, bytes)):
             return value
-        if isinstance(value, torch.Tensor):
-            return ("tensor", id(value), value._version, tuple(value.shape))
+        if isinstance(value, torch.Tensor):  # with what the task may have hung on it (`t.calls = 1`)
+            extra = self.walk(dict(vars(value)), depth + 1) if vars(value) else None
+            return ("tensor", id(value), value._version, tuple(value.shape), extra)
         if id(value) in self.seen or depth > FINGERPRINT_DEPTH or len(self.seen) > FINGERPRINT_ITEMS:
             return ("seen", id(value))
         self.seen.add(id(value))
+        self.alive.append(value)
         return self._walk_object(value, depth + 1)
 
     def _walk_object(self, value, depth: int):
