@@ -2,19 +2,27 @@
 used, and no op of the chain can be dropped without changing the output (a ReLU after a
 softmax, a clamp that never binds). Closes the "solve it by eliminating an operation" hole.
 
-Each probe is measured, then decided at the verification tolerance. Models that torch.fx
-cannot trace (data-dependent control flow) get the parameter probe only, and say so.
+Ops are dropped alone and in runs of two and three consecutive ops (a chain, each feeding the
+next): a pair that cancels (rfft then irfft, a transpose twice) survives any single drop.
+A model torch.fx cannot trace symbolically (data-dependent control flow) is traced again on
+its real inputs with make_fx, which records the aten ops the call ran, the branches it took
+burned in; one that neither can trace is refused, never passed unablated.
 """
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
 
 MAX_PARAMETERS = 32  # probe at most this many parameters (the largest first)
 ABLATED_OPS = ("call_module", "call_function", "call_method")
 # Casts and copies are no-ops in float32 but real ops in the half precision a kernel may use
 # (an RMSNorm's `.to(torch.float32)` ... `.to(input_dtype)`): never "redundant".
-NOT_ABLATED = {"to", "float", "double", "half", "bfloat16", "type", "type_as", "contiguous", "clone", "detach"}
+NOT_ABLATED = {"to", "float", "double", "half", "bfloat16", "type", "type_as", "contiguous", "clone", "detach",
+               # their aten forms, in a graph make_fx records
+               "_to_copy", "_to_copy.default", "clone.default", "detach.default", "alias.default",
+               "lift_fresh_copy.default", "_local_scalar_dense.default"}
+WINDOWS = (1, 2, 3)  # how many consecutive ops are dropped at once
 EPSILON = 1e-3  # adding a constant this small is a numerical-stability guard (`var + eps`), not an op
 
 
@@ -44,45 +52,104 @@ def trace(model):
         return None
 
 
+def trace_on(model, inputs):
+    """The aten ops one call on `inputs` runs, as a graph whose placeholders are the inputs;
+    the branches the call took are burned in. None when even that fails."""
+    try:
+        with torch.no_grad():
+            return make_fx(lambda *args: model(*args), _error_on_data_dependent_ops=False)(*inputs)
+    except Exception:
+        return None
+
+
 def find_unused_module(model, graph_module) -> str | None:
     used = {str(node.target).split(".")[0] for node in graph_module.graph.nodes
             if node.op in ("call_module", "get_attr")}
     return next((name for name, _ in model.named_children() if name not in used), None)
 
 
-def find_redundant_op(model, inputs, out, forward, close, atol, rtol) -> str | None:
-    """The first op whose removal (its output replaced by its input) keeps the output."""
-    graph_module = trace(model)
-    count = sum(node.op in ABLATED_OPS for node in graph_module.graph.nodes)
-    for position in range(count):
-        ablated, label = _without(model, position)
-        if ablated is None:
-            continue
-        try:
-            result = forward(ablated, inputs)
-        except Exception:  # the op changed the shape, so it cannot be dropped: not redundant
-            continue
-        if close(out, result, atol, rtol):
-            return label
+def find_redundant_op(graph_module, inputs, out, forward, close, atol, rtol) -> str | None:
+    """The first run of ops (one, two or three in a chain) whose removal, its output replaced
+    by its input, keeps the output. `graph_module` is left as it was."""
+    for window in WINDOWS:
+        for start in range(len(_ops(graph_module))):
+            ablated, label = _without(graph_module, start, window)
+            if ablated is None:
+                continue
+            try:
+                result = forward(ablated, inputs)
+            except Exception:  # the ops changed a shape or dtype, so they cannot be dropped: not redundant
+                continue
+            if close(out, result, atol, rtol):
+                return label
     return None
 
 
-def _without(model, position: int):
-    graph_module = fx.symbolic_trace(model)
-    ops = [node for node in graph_module.graph.nodes if node.op in ABLATED_OPS]
-    node = ops[position]
-    source = next((arg for arg in node.args if isinstance(arg, fx.Node)), None)
-    if (source is None or node.op == "call_method" and node.target in NOT_ABLATED or node.target is getattr
-            or _adds_an_epsilon(node)):
+def _ops(graph_module) -> list:
+    """The ops the output depends on, in graph order (an op whose value nothing reads, such as
+    a burned-in branch condition, is no part of the computation)."""
+    needed, stack = set(), [node for node in graph_module.graph.nodes if node.op == "output"]
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    return [node for node in graph_module.graph.nodes if node.op in ABLATED_OPS and node in needed]
+
+
+def _without(graph_module, start: int, window: int):
+    """A copy of the graph with the chain of `window` ops that starts at op `start` dropped, or
+    None when there is no such droppable chain: each op after the first is the only reader of
+    the one before and takes it as its first input (other reads, such as a shape, may lie
+    between them in the graph)."""
+    copy = fx.GraphModule(graph_module, copy_graph(graph_module.graph))
+    ops = _ops(copy)
+    run = [ops[start]]
+    while len(run) < window:
+        users = list(run[-1].users)
+        if len(users) != 1 or users[0] not in ops or _source(users[0]) is not run[-1]:
+            return None, ""
+        run.append(users[0])
+    if any(not _droppable(node) for node in run):
         return None, ""
-    label = f"{node.op} {node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)}"
-    node.replace_all_uses_with(source)
-    graph_module.graph.erase_node(node)
-    graph_module.recompile()
-    return graph_module, label
+    run[-1].replace_all_uses_with(_source(run[0]))
+    for node in reversed(run):
+        copy.graph.erase_node(node)
+    copy.recompile()
+    return copy, " then ".join(_label(node) for node in run)
+
+
+def copy_graph(graph):
+    new = fx.Graph()
+    output = new.graph_copy(graph, {})
+    new.output(output)
+    return new
+
+
+def _source(node):
+    return next((arg for arg in node.args if isinstance(arg, fx.Node)), None)
+
+
+def _droppable(node) -> bool:
+    name = _name(node)
+    return (_source(node) is not None and node.target is not getattr and name not in NOT_ABLATED
+            and not _adds_an_epsilon(node))
+
+
+def _name(node) -> str:
+    if isinstance(node.target, str):
+        return node.target
+    overload = getattr(node.target, "_overloadname", None)  # an aten op: aten.relu.default
+    if overload is not None:
+        return f"{node.target._opname}.{overload}"
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _label(node) -> str:
+    return f"{node.op} {_name(node)}"
 
 
 def _adds_an_epsilon(node) -> bool:
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    name = _name(node).split(".")[0]
     constants = [arg for arg in node.args if isinstance(arg, (int, float)) and not isinstance(arg, bool)]
     return name in ("add", "sub", "iadd") and any(0 < abs(value) < EPSILON for value in constants)

@@ -2,16 +2,26 @@
 
 Each check is one object: its `stage` (the funnel's name for it and its time metric), the
 `reasons` it rejects with and what each means, which of them an LLM may `repair` from the
-detail, the configuration it reads (`defaults`), and `run`, which measures into the task's
-metrics and raises Reject past a threshold. CHECKS is the one ordered registry: the harness
-runs it, the funnel and the dataset card list its stages and reasons, the repair loop reads
-what is repairable, and the run configuration takes its keys. A new check is a class here
-and a line in CHECKS.
+detail, the configuration it reads (`defaults`), what it `measures` (the metrics its `run`
+always records when it completes, with their types), `run`, which measures into the task's
+metrics, and `decide`, which holds every threshold of the check and turns the metrics into a
+verdict. `run` stops early by raising Reject with what `decide` says; it raises on its own
+only for the task's own errors (eager_error, out_of_memory, compile_error ...).
+
+`decide` is pure: it reads only the metrics and the configuration, uses math only and never
+raises, whatever JSON it is given (a missing or non-numeric measure is a failure,
+`unmeasured`). So a process that never runs task code can take a child's measurements and
+decide itself (the module-level `measures` and `decide`).
+
+CHECKS is the one ordered registry: the harness runs it, the funnel and the dataset card
+list its stages and reasons, the repair loop reads what is repairable, and the run
+configuration takes its keys. A new check is a class here and a line in CHECKS.
 """
 from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -19,9 +29,10 @@ from typing import Any
 
 import torch
 
-from filters.sandbox import ablation
-from filters.sandbox.execution import (GpuGate, Reject, build_model, close, forward, identical, load_and_run,
-                                       load_task, make_inputs, max_diff, measure, release, short, warm_up_calls)
+from filters.sandbox import ablation, numerics, purity
+from filters.sandbox.execution import (GpuGate, Reject, all_finite, build_model, close, flatten, forward,
+                                       fresh_copies, identical, load_and_run, load_task, make_inputs, max_diff,
+                                       measure, nudged_copies, release, short, tolerance_share, warm_up_calls)
 from filters.sandbox.resize import NotResizable, scale_constant
 
 _compile = torch.compile
@@ -40,6 +51,8 @@ def bind_compiler() -> None:
 
 # What any check may also end in: the task's own code raising, or running out of memory.
 TASK_ERRORS = {"eager_error": "raises in eager mode", "out_of_memory": "ran out of memory"}
+# What any decide may end in: a measure its check must record is absent or not a number.
+UNMEASURED = {"unmeasured": "a measurement the check must record is missing or not a number"}
 # What the sandbox decides when the checks could not finish (filters/sandbox/pool.py, stage "sandbox").
 SANDBOX_REASONS = {"crashed": "killed its worker", "timeout": "ran past the wall-clock limit",
                    "out_of_memory": "ran out of memory"}
@@ -59,6 +72,8 @@ class TaskUnderTest:
     model: Any = None
     inputs: list = field(default_factory=list)
     out: list = field(default_factory=list)
+    other_out: list = field(default_factory=list)  # the output for a second, independent input
+
 
 
 class Check:
@@ -66,6 +81,7 @@ class Check:
     reasons: dict[str, str] = {}
     repairable: frozenset[str] = frozenset()
     defaults: dict = {}
+    measures: dict[str, type] = {}
 
     def enabled(self, cfg: dict) -> bool:
         return True
@@ -73,16 +89,84 @@ class Check:
     def run(self, t: TaskUnderTest) -> None:
         raise NotImplementedError
 
+    # Measures that may be None: what decide reads as "not measurable here" (no device memory
+    # on the CPU, no float64 kernel).
+    nullable: frozenset[str] = frozenset()
+
+    def decide(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        """The reject (reason, detail) the metrics call for, or None: the check's thresholds
+        first, then every declared measure must be there with its type. Pure; never raises."""
+        return self.judge(metrics, cfg) or self.missing(metrics)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        raise NotImplementedError
+
+    def missing(self, metrics) -> tuple[str, str] | None:
+        for name, kind in self.measures.items():
+            value = metrics.get(name, ...) if isinstance(metrics, dict) else ...
+            if value is None and name in self.nullable:
+                continue
+            well_typed = (isinstance(value, bool) if kind is bool else
+                          isinstance(value, int) and not isinstance(value, bool) if kind is int else
+                          number(metrics, name) is not None)
+            if not well_typed:
+                return unmeasured(name)
+        return None
+
+    def stop_if_failed(self, t: TaskUnderTest) -> None:
+        """Raise the reject `decide` calls for on what has been measured so far (a measure not
+        taken yet is no reason to stop: the run goes on to take it)."""
+        verdict = self.decide(t.metrics, t.cfg)
+        if verdict and verdict[0] != "unmeasured":
+            raise Reject(self.stage, *verdict)
+
+
+# -- reading measurements, for decide: missing, non-numeric or NaN is None ------------------
+
+def number(metrics, name: str) -> float | None:
+    value = metrics.get(name) if isinstance(metrics, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
+
+
+def flag(metrics, name: str) -> bool | None:
+    value = metrics.get(name) if isinstance(metrics, dict) else None
+    return value if isinstance(value, bool) else None
+
+
+def text(metrics, name: str, otherwise: str) -> str:
+    value = metrics.get(name) if isinstance(metrics, dict) else None
+    return value[:200] if isinstance(value, str) else otherwise
+
+
+def unmeasured(name: str) -> tuple[str, str]:
+    return "unmeasured", f"the measurement {name!r} is missing or not a number"
+
 
 class Executes(Check):
     """The task builds, runs in eager mode and gives finite output."""
 
     stage = "execute"
-    reasons = {**TASK_ERRORS, "nan_or_inf": "output holds NaN or Inf"}
+    reasons = {**TASK_ERRORS, **UNMEASURED, "nan_or_inf": "output holds NaN or Inf"}
     repairable = frozenset({"eager_error", "nan_or_inf"})
+    measures = {"output_finite": bool}
 
     def run(self, t: TaskUnderTest) -> None:
-        t.task, t.model, t.inputs, t.out = load_and_run(t.code, t.cfg, t.device, t.gate)
+        run_eagerly(t, t.code)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        finite = flag(metrics, "output_finite")
+        if finite is None:
+            return unmeasured("output_finite")
+        return None if finite else ("nan_or_inf", "the eager output holds NaN or Inf")
+
+
+def run_eagerly(t: TaskUnderTest, code: str) -> None:
+    """Load `code`, build its model, draw its inputs and run it once, into `t`."""
+    t.task, t.model, t.inputs, t.out = load_and_run(code, t.cfg, t.device, t.gate)
+    t.metrics["output_finite"] = t.gate.call(all_finite, t.out)
+    EXECUTES.stop_if_failed(t)
 
 
 class InTimingWindow(Check):
@@ -93,7 +177,7 @@ class InTimingWindow(Check):
     one takes the GPU exclusively."""
 
     stage = "timing"
-    reasons = {**TASK_ERRORS, "too_fast": "under the timing window even after re-sizing",
+    reasons = {**TASK_ERRORS, **UNMEASURED, "too_fast": "under the timing window even after re-sizing",
                "too_slow": "over the timing window even after re-sizing", "too_large": "over the memory cap"}
     repairable = frozenset({"too_fast", "too_slow", "too_large"})
     defaults = {"window_ms": (1.0, 100.0), "target_ms": 3.0, "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
@@ -102,26 +186,28 @@ class InTimingWindow(Check):
                 "memory_budget_gb": None,
                 # Timing holds the GPU alone while every other worker waits: 5 to 10 samples, ~50 ms of them.
                 "timing_budget_ms": 50.0, "warmup_ms": 20.0, "min_repeats": 5, "max_repeats": 10}
+    measures = {"eager_ms": float, "peak_memory_mb": float, "resize_rounds": int, "resized": bool}
+    nullable = frozenset({"peak_memory_mb"})
 
     def run(self, t: TaskUnderTest) -> None:
         cfg, metrics, gate, device = t.cfg, t.metrics, t.gate, t.device
         low, high = cfg["window_ms"]
         target = min(max(cfg["target_ms"], low), high)
-        cap_bytes = min(cfg["max_task_memory_gb"], cfg["memory_budget_gb"] or math.inf) * 2**30
+        cap_bytes = memory_cap_mb(cfg) * 2**20
         original, too_fast_at, too_slow_at = t.code, 0, math.inf
         for attempt in range(cfg["max_resize_rounds"] + 1):
             with gate.shared():
                 eager_ms, peak = measure(t.model, t.inputs, cfg, device, precise=False)
-            too_large = peak is not None and peak > cap_bytes
-            if low <= eager_ms <= high and not too_large:
+            record = dict(resize_rounds=attempt, resized=t.code != original)
+            metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None, **record)
+            if self.decide(metrics, cfg) is None:  # a quick measure in the window: measure it precisely
                 warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], gate)  # only measuring holds the GPU alone
                 with gate.exclusive():
                     eager_ms, peak = measure(t.model, t.inputs, cfg, device, precise=True)
-                too_large = peak is not None and peak > cap_bytes
-            metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
-                           resize_rounds=attempt, resized=t.code != original)
-            if low <= eager_ms <= high and not too_large:
-                return
+                metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None)
+                if self.decide(metrics, cfg) is None:
+                    return
+            too_large = peak is not None and peak > cap_bytes
             if attempt == cfg["max_resize_rounds"]:
                 break
             try:
@@ -139,11 +225,23 @@ class InTimingWindow(Check):
             t.task = t.model = t.inputs = t.out = None
             release(device)
             too_slow_at = self._load_resized(t, guess, batch, too_fast_at, too_slow_at)
-        if metrics.get("peak_memory_mb") and metrics["peak_memory_mb"] * 2**20 > cap_bytes:
-            raise Reject("timing", "too_large", f"peak memory {metrics['peak_memory_mb']:.0f} MB over the cap of "
-                                                f"{cap_bytes / 2**20:.0f} MB")
-        reason = "too_fast" if metrics["eager_ms"] < low else "too_slow"
-        raise Reject("timing", reason, f"median eager time {metrics['eager_ms']:.3f} ms is outside [{low}, {high}] ms")
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        eager_ms, peak_mb = number(metrics, "eager_ms"), metrics.get("peak_memory_mb") if isinstance(metrics, dict) else 0
+        low, high = cfg["window_ms"]
+        if eager_ms is None:
+            return unmeasured("eager_ms")
+        if peak_mb is not None:  # None: no device memory to count (the CPU)
+            peak_mb, cap_mb = number(metrics, "peak_memory_mb"), memory_cap_mb(cfg)
+            if peak_mb is None:
+                return unmeasured("peak_memory_mb")
+            if peak_mb > cap_mb:
+                return "too_large", f"peak memory {peak_mb:.0f} MB over the cap of {cap_mb:.0f} MB"
+        if not low <= eager_ms <= high:
+            return ("too_fast" if eager_ms < low else "too_slow",
+                    f"median eager time {eager_ms:.3f} ms is outside [{low}, {high}] ms")
+        return None
 
     @staticmethod
     def _load_resized(t: TaskUnderTest, guess, batch, too_fast_at, too_slow_at) -> float:
@@ -152,7 +250,7 @@ class InTimingWindow(Check):
         while guess is not None:
             resized, _, _ = scale_constant(t.code, guess / batch)
             try:
-                t.task, t.model, t.inputs, t.out = load_and_run(resized, t.cfg, t.device, t.gate)
+                run_eagerly(t, resized)
             except Reject as reject:
                 if reject.reason != "out_of_memory":
                     raise
@@ -166,6 +264,10 @@ class InTimingWindow(Check):
         raise Reject("timing", "too_large", f"no batch size between {too_fast_at} and {batch} fits in memory")
 
 
+def memory_cap_mb(cfg: dict) -> float:
+    return min(cfg["max_task_memory_gb"], cfg["memory_budget_gb"] or math.inf) * 2**10
+
+
 def bracketed(guess: int, batch: int, too_fast_at: int, too_slow_at: float) -> int | None:
     if not too_fast_at < guess < too_slow_at:
         guess = round(math.sqrt(max(too_fast_at, 1) * min(too_slow_at, batch * 64)))
@@ -176,100 +278,417 @@ class Deterministic(Check):
     """Two runs on the same weights and inputs agree, and so does a fresh copy of the task
     (its code loaded again, its model built again from the same seed) that was shown other
     inputs first: an output that depends on what the task saw before (a call counter, the
-    first input remembered) is not a function of its input, whatever the later checks see."""
+    first input remembered) is not a function of its input, whatever the later checks see.
+    A third run under torch.use_deterministic_algorithms must not meet an op that has no
+    deterministic implementation (on CUDA: atomics whose order changes the sum, as
+    `scatter_add_` with colliding indices), and must agree with the first at the verification
+    tolerance (a task that reads the mode must not compute something else under it)."""
 
     stage = "determinism"
-    reasons = {**TASK_ERRORS, "nondeterministic": "two identical runs differ"}
+    reasons = {**TASK_ERRORS, **UNMEASURED, "nondeterministic": "two identical runs differ",
+               "nondeterministic_op": "uses an op with no deterministic implementation on this device"}
     defaults = {"determinism_tol": 1e-5}
+    measures = {"determinism_max_diff": float, "history_max_diff": float, "deterministic_ops": bool,
+                "deterministic_mode_share": float}
 
     def run(self, t: TaskUnderTest) -> None:
         gate, seed = t.gate, t.cfg["seed"]
         again = gate.call(forward, t.model, t.inputs)
+        t.metrics["determinism_max_diff"] = gate.call(max_diff, t.out, again)
+        self.stop_if_failed(t)
         fresh_task = load_task(t.code)
         fresh_model = gate.call(build_model, fresh_task, seed, t.device)
         torch.manual_seed(seed + 2)
         gate.call(forward, fresh_model, gate.call(make_inputs, fresh_task, t.device))
         fresh = gate.call(forward, fresh_model, t.inputs)
-        repeat_diff, history_diff = gate.call(max_diff, t.out, again), gate.call(max_diff, t.out, fresh)
-        t.metrics["determinism_max_diff"] = max(repeat_diff, history_diff)
-        tol = t.cfg["determinism_tol"]
-        if repeat_diff > tol:
-            raise Reject("determinism", "nondeterministic", f"two runs on the same weights and inputs differ by "
-                                                            f"{repeat_diff:.3g} (> {tol})")
-        if history_diff > tol:
-            raise Reject("determinism", "nondeterministic", f"a fresh copy of the task, shown other inputs first, "
-                                                            f"differs by {history_diff:.3g} (> {tol}): its output "
-                                                            "depends on what it saw before")
+        t.metrics["history_max_diff"] = gate.call(max_diff, t.out, fresh)
+        self.stop_if_failed(t)
+        strict = gate.call(forward_deterministically, t.model, t.inputs)
+        t.metrics["deterministic_ops"] = strict is not None
+        share = gate.call(tolerance_share, strict, t.out, t.cfg["atol"], t.cfg["rtol"]) if strict else math.inf
+        t.metrics["deterministic_mode_share"] = share
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        tol = cfg["determinism_tol"]
+        repeat, history = number(metrics, "determinism_max_diff"), number(metrics, "history_max_diff")
+        if repeat is None:
+            return unmeasured("determinism_max_diff")
+        if repeat > tol:
+            return "nondeterministic", f"two runs on the same weights and inputs differ by {repeat:.3g} (> {tol})"
+        if history is None:
+            return unmeasured("history_max_diff")
+        if history > tol:
+            return "nondeterministic", (f"a fresh copy of the task, shown other inputs first, differs by "
+                                        f"{history:.3g} (> {tol}): its output depends on what it saw before")
+        strict, share = flag(metrics, "deterministic_ops"), number(metrics, "deterministic_mode_share")
+        if strict is None:
+            return unmeasured("deterministic_ops")
+        if not strict:
+            return "nondeterministic_op", ("under torch.use_deterministic_algorithms(True) an op of the task has no "
+                                           "deterministic implementation: its result changes from run to run")
+        if share is None:
+            return unmeasured("deterministic_mode_share")
+        if share > 1.0:
+            return "nondeterministic", (f"under torch.use_deterministic_algorithms(True) the output differs from "
+                                        f"the first run by {share:.3g} times the verification tolerance")
+        return None
+
+
+NONDETERMINISTIC_OP = "does not have a deterministic implementation"
+
+
+def forward_deterministically(model, inputs) -> list | None:
+    """The output of one call with only deterministic algorithms allowed; None when the task
+    uses an op that has none. On the CPU no op raises: the path runs, and catches nothing."""
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), \
+        torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        return forward(model, inputs)
+    except RuntimeError as error:
+        if NONDETERMINISTIC_OP in str(error):
+            return None
+        raise
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+class Pure(Check):
+    """forward is a pure function of its inputs and weights: it leaves its inputs, every RNG
+    state and the module's parameters and buffers as they were; its outputs share no memory
+    with an input, a weight, a tensor the module holds or its previous output (a buffer
+    overwritten on every call compares equal to itself); no state it can reach (module
+    attributes, the task's globals, closures, class attributes) changes from call to call;
+    and a call after a number of earlier calls on other inputs, drawn at run time so no task
+    can count to it, agrees with the first. A reference that is not pure rewards the call
+    order, not the computation."""
+
+    stage = "purity"
+    reasons = {**TASK_ERRORS, **UNMEASURED, "mutates_input": "forward changes its inputs in place",
+               "mutates_weights": "forward changes the module's parameters or buffers",
+               "consumes_rng": "forward draws from or reseeds a random number generator",
+               "aliased_output": "an output shares memory with an input, a weight, held state or the last output",
+               "hidden_state": "state forward can reach changes from call to call",
+               "call_dependent": "the output after some earlier calls differs from the first"}
+    repairable = frozenset(reasons) - set(TASK_ERRORS) - set(UNMEASURED)
+    # The history probe's calls: at most `purity_calls`, within `purity_budget_ms` of eager time.
+    defaults = {"purity_calls": 32, "purity_budget_ms": 100.0}
+    measures = {"inputs_unchanged": bool, "weights_unchanged": bool, "rng_unchanged": bool,
+                "output_aliased": bool, "state_unchanged": bool, "later_calls": int, "later_call_max_diff": float}
+
+    def run(self, t: TaskUnderTest) -> None:
+        gate, model, metrics = t.gate, t.model, t.metrics
+        weights = gate.call(lambda: [w.detach().clone() for w in purity.weights(model)])
+        state, rng = purity.fingerprint(model, t.task), purity.rng_states()
+        args = fresh_copies(t.inputs)
+        given = [x for x in args if isinstance(x, torch.Tensor)]
+        kept = [x.clone() for x in given]
+        first = gate.call(call_raw, model, args)
+        second = gate.call(call_raw, model, fresh_copies(t.inputs))
+        metrics.update(inputs_unchanged=gate.call(purity.same_tensors, given, kept),
+                       rng_unchanged=gate.call(purity.same_tensors, purity.rng_states(), rng),
+                       weights_unchanged=gate.call(purity.same_tensors, purity.weights(model), weights),
+                       output_aliased=purity.aliases(first, given + purity.tensors_held(model))
+                       or purity.aliases(second, first))
+        del first, second
+        self.stop_if_failed(t)
+        calls = purity.later_calls(t.cfg["purity_budget_ms"], metrics.get("eager_ms"), t.cfg["purity_calls"])
+        for _ in range(calls):  # other inputs each time, as a memo or a remembered input would need
+            gate.call(forward, model, nudged_copies(t.inputs, int.from_bytes(os.urandom(4), "little")))
+        last = gate.call(forward, model, t.inputs)
+        metrics.update(later_calls=calls, later_call_max_diff=gate.call(max_diff, t.out, last),
+                       state_unchanged=purity.fingerprint(model, t.task) == state)
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        for name, reason, detail in PURITY_FLAGS:
+            value = flag(metrics, name)
+            if value is None:
+                return unmeasured(name)
+            if value is (name == "output_aliased"):
+                return reason, detail
+        calls, diff = number(metrics, "later_calls"), number(metrics, "later_call_max_diff")
+        if calls is None or diff is None:
+            return unmeasured("later_call_max_diff")
+        if diff > cfg["determinism_tol"]:
+            return "call_dependent", (f"after {calls:.0f} calls on other inputs the output for the first input "
+                                      f"differs by {diff:.3g} (> {cfg['determinism_tol']})")
+        return None
+
+
+# What the first calls of the purity probe measure, in the order they are decided: the flag, the
+# reject when it is False (True for output_aliased), and its detail.
+PURITY_FLAGS = (
+    ("inputs_unchanged", "mutates_input", "forward changed an input tensor in place"),
+    ("weights_unchanged", "mutates_weights", "forward changed a parameter or buffer of the module"),
+    ("rng_unchanged", "consumes_rng", "forward moved the state of a random number generator"),
+    ("output_aliased", "aliased_output", "an output shares memory with an input, a parameter or buffer, a tensor "
+                                         "the module holds, or the previous call's output"),
+    ("state_unchanged", "hidden_state", "forward changed state it keeps between calls (an attribute, a global, "
+                                        "a closure or a class attribute)"),
+)
+
+
+def call_raw(model, args: list) -> list:
+    """The outputs of one call as the task returns them (no copies: their memory is measured)."""
+    with torch.no_grad():
+        return flatten(model(*args))
 
 
 class DependsOnInput(Check):
     """get_inputs() draws fresh inputs, and the output changes with them."""
 
     stage = "degenerate"
-    reasons = {**TASK_ERRORS, "fixed_inputs": "get_inputs() does not draw fresh inputs",
+    reasons = {**TASK_ERRORS, **UNMEASURED, "fixed_inputs": "get_inputs() does not draw fresh inputs",
                "constant_output": "output does not depend on the input at the verification tolerance"}
     repairable = frozenset({"fixed_inputs", "constant_output"})
+    measures = {"inputs_fresh": bool, "input_sensitivity": float, "input_tolerance_share": float}
 
     def run(self, t: TaskUnderTest) -> None:
         gate = t.gate
         other_inputs = gate.call(make_inputs, t.task, t.device)
         tensors = [(a, b) for a, b in zip(t.inputs, other_inputs) if isinstance(a, torch.Tensor)]
-        if tensors and gate.call(lambda: all(identical(a, b) for a, b in tensors)):
-            raise Reject("degenerate", "fixed_inputs", "get_inputs() returned the same tensors twice")
-        other = gate.call(forward, t.model, other_inputs)
-        t.metrics["input_sensitivity"] = gate.call(max_diff, t.out, other)
-        if gate.call(close, t.out, other, t.cfg["atol"], t.cfg["rtol"]):
-            raise Reject("degenerate", "constant_output",
-                         "outputs for two independent random inputs agree at the verification tolerance")
+        t.metrics["inputs_fresh"] = not (tensors and gate.call(lambda: all(identical(a, b) for a, b in tensors)))
+        self.stop_if_failed(t)
+        t.other_out = gate.call(forward, t.model, other_inputs)
+        t.metrics["input_sensitivity"] = gate.call(max_diff, t.out, t.other_out)
+        t.metrics["input_tolerance_share"] = gate.call(tolerance_share, t.out, t.other_out, t.cfg["atol"],
+                                                       t.cfg["rtol"])
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        fresh, share = flag(metrics, "inputs_fresh"), number(metrics, "input_tolerance_share")
+        if fresh is None:
+            return unmeasured("inputs_fresh")
+        if not fresh:
+            return "fixed_inputs", "get_inputs() returned the same tensors twice"
+        if share is None:
+            return unmeasured("input_tolerance_share")
+        if share <= 1.0:
+            return "constant_output", "outputs for two independent random inputs agree at the verification tolerance"
+        return None
+
+
+class MovesPerElement(Check):
+    """Enough of the output moves with the input, element by element, and no one value takes
+    most of it. The whole-tensor comparison of DependsOnInput calls an output "input-dependent"
+    when one element of half a million moves, or when a clamp floor above the data holds
+    99.8% of it: an agent matches those without computing them.
+
+    Two shares, each the worst over the outputs: `changed_share`, the elements that differ
+    beyond the verification tolerance between the outputs for two independent inputs, must be
+    at least `min_changed_share` = 0.1; `dominant_share`, the elements (of both outputs
+    together, sampled) equal to the most common value, at most `max_dominant_share` = 0.9.
+    Measured on legitimate tasks (this CPU): a ReLU after a layer moves 60% (uniform inputs)
+    to 74% (normal inputs) and is half zeros; a comparison of a layer's output with 0 moves
+    51% on normal inputs and 23% on uniform ones (a column's sign then hangs mostly on its
+    weights), half of it one value; a causal (triangular) mask holds half zeros. The broken
+    ones move 0.2% or one element in 524,288. The bounds sit at half the lowest legitimate
+    share and at nine elements in ten. A scalar output (a loss) is two values over two
+    inputs: 0.5."""
+
+    stage = "sensitivity"
+    reasons = {**TASK_ERRORS, **UNMEASURED,
+               "insensitive_output": "most output elements do not move with the input",
+               "saturated_output": "one value takes most of the output's elements"}
+    repairable = frozenset({"insensitive_output", "saturated_output"})
+    defaults = {"min_changed_share": 0.1, "max_dominant_share": 0.9}
+    measures = {"changed_share": float, "dominant_share": float}
+    SAMPLE = 1 << 16  # elements sampled per output for the most common value
+
+    def run(self, t: TaskUnderTest) -> None:
+        atol, rtol = t.cfg["atol"], t.cfg["rtol"]
+        pairs = list(zip(t.out, t.other_out))
+        t.metrics["changed_share"] = min((t.gate.call(changed_share, a, b, atol, rtol) for a, b in pairs), default=1.0)
+        t.metrics["dominant_share"] = max((t.gate.call(dominant_share, a, b, self.SAMPLE) for a, b in pairs),
+                                          default=0.0)
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        changed, dominant = number(metrics, "changed_share"), number(metrics, "dominant_share")
+        if changed is None:
+            return unmeasured("changed_share")
+        if changed < cfg["min_changed_share"]:
+            return "insensitive_output", (f"only {changed:.1%} of an output's elements move between two independent "
+                                          f"inputs at the verification tolerance (< {cfg['min_changed_share']:.0%})")
+        if dominant is None:
+            return unmeasured("dominant_share")
+        if dominant > cfg["max_dominant_share"]:
+            return "saturated_output", (f"one value takes {dominant:.1%} of an output's elements "
+                                        f"(> {cfg['max_dominant_share']:.0%}): the output is mostly constant")
+        return None
+
+
+def changed_share(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> float:
+    """The share of elements of `a` and `b` that differ beyond the tolerance (exactly, for
+    integer and bool outputs)."""
+    if a.shape != b.shape or a.dtype != b.dtype or not a.numel():
+        return 1.0 if a.shape != b.shape or a.dtype != b.dtype else 0.0
+    if a.is_floating_point() or a.is_complex():
+        return float((~torch.isclose(a, b, rtol=rtol, atol=atol)).double().mean())
+    return float((a != b).double().mean())
+
+
+def dominant_share(a: torch.Tensor, b: torch.Tensor, sample: int) -> float:
+    """The share of the most common value among the elements of both outputs (a fixed random
+    sample of each past `sample` elements). Both outputs together, so a scalar output is two
+    values, not one value taking all of it."""
+    values = torch.cat([_sample(a, sample), _sample(b, sample)])
+    if values.is_complex():
+        values = torch.view_as_real(values)
+        _, counts = torch.unique(values, dim=0, return_counts=True)
+    else:
+        _, counts = torch.unique(values, return_counts=True)
+    return float(counts.max()) / len(values) if len(values) else 0.0
+
+
+def _sample(x: torch.Tensor, size: int) -> torch.Tensor:
+    flat = x.reshape(-1)
+    if flat.numel() <= size:
+        return flat
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    return flat[torch.randint(flat.numel(), (size,), generator=generator).to(flat.device)]
+
+
+class WellConditioned(Check):
+    """The task is computed well enough in float32 that a correct kernel summing in another
+    order still passes verification. Three measures: the share of the verification tolerance
+    the float32 output uses against the same task in float64 (same weights, same inputs,
+    cast up), the share a nudge of a few ulps on the inputs moves the output by (floor,
+    remainder, round, sign, atan2 of computed values jump under it), each at most
+    `max_tolerance_share` = 0.1, a tenth of the tolerance, so rounding never decides a
+    verdict; and the largest output magnitude, at most `max_output_abs` = 65504, the largest
+    float16 value: a kernel may compute in half precision, and an output past it cannot be
+    held there. Both runs are without TF32 (numerics.full_float32): the measure is the task's
+    conditioning, and cuDNN's default TF32 would charge a conv task with a rounding no
+    correct kernel is asked to match. A task with an op that has no float64 kernel is judged
+    by the ulp probe alone (float64_share None): refusing it would refuse the op, and the
+    probe catches the jumps the float64 comparison is there for."""
+
+    stage = "numerics"
+    reasons = {**TASK_ERRORS, **UNMEASURED,
+               "ill_conditioned": "float32 and float64 disagree by over a tenth of the verification tolerance",
+               "unstable_output": "inputs nudged by a few ulps move the output by over a tenth of the tolerance",
+               "output_too_large": "an output is past the largest half-precision value"}
+    repairable = frozenset({"ill_conditioned", "unstable_output", "output_too_large"})
+    defaults = {"max_tolerance_share": 0.1, "max_output_abs": 65504.0}
+    measures = {"float64_share": float, "ulp_share": float, "output_max_abs": float}
+    nullable = frozenset({"float64_share"})
+
+    def run(self, t: TaskUnderTest) -> None:
+        gate, atol, rtol = t.gate, t.cfg["atol"], t.cfg["rtol"]
+        t.metrics["output_max_abs"] = gate.call(numerics.max_abs, t.out)
+        self.stop_if_failed(t)
+        reference = gate.call(numerics.reference_output, t.model, t.inputs)
+        seed = int.from_bytes(os.urandom(4), "little")
+        t.metrics["ulp_share"] = gate.call(numerics.ulp_share, t.model, t.inputs, reference, atol, rtol, seed)
+        self.stop_if_failed(t)
+        model64 = gate.call(build_model, load_task(t.code), t.cfg["seed"], t.device)
+        gate.call(model64.double)
+        t.metrics["float64_share"] = gate.call(numerics.float64_share, model64, t.inputs, reference, atol, rtol)
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        biggest, limit = number(metrics, "output_max_abs"), cfg["max_output_abs"]
+        share_cap = cfg["max_tolerance_share"]
+        if biggest is None:
+            return unmeasured("output_max_abs")
+        if biggest > limit:
+            return "output_too_large", f"an output element reaches {biggest:.3g} (> {limit:g}, float16's largest)"
+        ulp = number(metrics, "ulp_share")
+        if ulp is None:
+            return unmeasured("ulp_share")
+        if ulp > share_cap:
+            return "unstable_output", (f"inputs nudged by a few ulps move the output by {ulp:.3g} of the verification "
+                                       f"tolerance (> {share_cap}): rounding decides it")
+        wide = number(metrics, "float64_share")
+        if wide is None and isinstance(metrics, dict) and metrics.get("float64_share", 0) is not None:
+            return unmeasured("float64_share")  # absent or not a number; None says: no float64 kernel
+        if wide is not None and wide > share_cap:
+            return "ill_conditioned", (f"float32 and float64 outputs differ by {wide:.3g} of the verification "
+                                       f"tolerance (> {share_cap}): a correct kernel that rounds otherwise fails")
+        return None
 
 
 class NothingDead(Check):
-    """Every parameter moves the output, every submodule is used, and no op can be dropped."""
+    """Every parameter moves the output, every submodule is used, and no op, nor a run of two
+    or three consecutive ops, can be dropped. A model torch.fx cannot trace is ablated on the
+    graph make_fx records on its real inputs; one neither can trace is refused."""
 
     stage = "ablation"
-    reasons = {**TASK_ERRORS, "dead_parameter": "a parameter does not affect the output",
+    reasons = {**TASK_ERRORS, **UNMEASURED, "dead_parameter": "a parameter does not affect the output",
                "unused_module": "a submodule is built but never used",
-               "redundant_op": "an op can be dropped without effect"}
-    repairable = frozenset({"dead_parameter", "unused_module", "redundant_op"})
+               "redundant_op": "an op, or a run of ops that cancel, can be dropped without effect",
+               "untraceable": "no graph of its ops can be traced, so they cannot be ablated"}
+    repairable = frozenset({"dead_parameter", "unused_module", "redundant_op", "untraceable"})
     defaults = {"ablation": True}
+    measures = {"dead_parameters": int, "graph_traced": bool, "unused_modules": int, "redundant_ops": int}
 
     def enabled(self, cfg: dict) -> bool:
-        return cfg["ablation"]
+        return bool(cfg.get("ablation"))
 
     def run(self, t: TaskUnderTest) -> None:
-        tolerances = (t.cfg["atol"], t.cfg["rtol"])
+        tolerances, metrics = (t.cfg["atol"], t.cfg["rtol"]), t.metrics
         # Each probe's forward and comparison take the gate; the perturbations between them
         # (one elementwise kernel per parameter) and the tracing (CPU) do not.
         gated_forward, gated_close = functools.partial(t.gate.call, forward), functools.partial(t.gate.call, close)
         dead = ablation.find_dead_parameter(t.model, t.inputs, t.out, gated_forward, gated_close, *tolerances,
                                             t.cfg["seed"] + 7)
+        metrics["dead_parameters"] = int(dead is not None)
         if dead:
-            raise Reject("ablation", "dead_parameter",
-                         f"perturbing parameter {dead!r} leaves the output unchanged at the verification tolerance")
+            metrics["dead_parameter"] = dead[:200]
+        self.stop_if_failed(t)
         graph = ablation.trace(t.model)
-        t.metrics["traceable"] = graph is not None
-        if graph is None:
-            return
-        unused = ablation.find_unused_module(t.model, graph)
+        metrics["traceable"] = graph is not None
+        if graph is not None:
+            unused = ablation.find_unused_module(t.model, graph)
+        else:  # an aten graph knows no modules: a parameterless module left unused goes unseen
+            unused, graph = None, t.gate.call(ablation.trace_on, t.model, fresh_copies(t.inputs))
+        metrics.update(graph_traced=graph is not None, unused_modules=int(unused is not None))
         if unused:
-            raise Reject("ablation", "unused_module", f"submodule {unused!r} is built in __init__ but never used")
-        redundant = ablation.find_redundant_op(t.model, t.inputs, t.out, gated_forward, gated_close, *tolerances)
+            metrics["unused_module"] = unused[:200]
+        self.stop_if_failed(t)
+        redundant = ablation.find_redundant_op(graph, t.inputs, t.out, gated_forward, gated_close, *tolerances)
+        metrics["redundant_ops"] = int(redundant is not None)
         if redundant:
-            raise Reject("ablation", "redundant_op",
-                         f"dropping {redundant} leaves the output unchanged at the verification tolerance")
+            metrics["redundant_op"] = redundant[:200]
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        dead, traced = number(metrics, "dead_parameters"), flag(metrics, "graph_traced")
+        if dead is None:
+            return unmeasured("dead_parameters")
+        if dead:
+            name = text(metrics, "dead_parameter", "a parameter")
+            return "dead_parameter", f"perturbing parameter {name!r} leaves the output unchanged at the verification tolerance"
+        if traced is None:
+            return unmeasured("graph_traced")
+        if not traced:
+            return "untraceable", "neither torch.fx nor make_fx on real inputs can trace the model: its ops cannot be ablated"
+        for name, reason, detail in (
+                ("unused_modules", "unused_module", "submodule {!r} is built in __init__ but never used"),
+                ("redundant_ops", "redundant_op", "dropping {} leaves the output unchanged at the verification tolerance")):
+            count = number(metrics, name)
+            if count is None:
+                return unmeasured(name)
+            if count:
+                return reason, detail.format(text(metrics, reason, "an op" if reason == "redundant_op" else "a module"))
+        return None
 
 
 class Compiles(Check):
     """torch.compile (Inductor) builds the model and agrees with eager mode."""
 
     stage = "compile"
-    reasons = {**TASK_ERRORS, "compile_error": "torch.compile fails",
+    reasons = {**TASK_ERRORS, **UNMEASURED, "compile_error": "torch.compile fails",
                "compile_mismatch": "eager and compiled outputs disagree"}
     repairable = frozenset({"compile_error", "compile_mismatch"})
     defaults = {"compile": True}
+    measures = {"compile_ms": float, "compile_max_diff": float, "compile_tolerance_share": float}
 
     def enabled(self, cfg: dict) -> bool:
-        return cfg["compile"]
+        return bool(cfg.get("compile"))
 
     def run(self, t: TaskUnderTest) -> None:
         _reset_dynamo()
@@ -281,10 +700,17 @@ class Compiles(Check):
         finally:
             t.metrics["compile_ms"] = (time.perf_counter() - began) * 1e3
         t.metrics["compile_max_diff"] = max_diff(t.out, compiled)
-        if not close(t.out, compiled, t.cfg["atol"], t.cfg["rtol"]):
-            raise Reject("compile", "compile_mismatch",
-                         f"eager and compiled outputs differ by {t.metrics['compile_max_diff']:.3g} "
-                         f"(atol=rtol={t.cfg['atol']})")
+        t.metrics["compile_tolerance_share"] = tolerance_share(compiled, t.out, t.cfg["atol"], t.cfg["rtol"])
+        self.stop_if_failed(t)
+
+    def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
+        share, diff = number(metrics, "compile_tolerance_share"), number(metrics, "compile_max_diff")
+        if share is None:
+            return unmeasured("compile_tolerance_share")
+        if share > 1.0:
+            shown = f"{diff:.3g}" if diff is not None else "an unknown amount"
+            return "compile_mismatch", f"eager and compiled outputs differ by {shown} (atol={cfg['atol']}, rtol={cfg['rtol']})"
+        return None
 
 
 def gated_inductor(gate: GpuGate):
@@ -302,8 +728,9 @@ def gated_inductor(gate: GpuGate):
     return backend
 
 
-CHECKS: tuple[Check, ...] = (Executes(), InTimingWindow(), Deterministic(), DependsOnInput(), NothingDead(),
-                             Compiles())
+EXECUTES = Executes()
+CHECKS: tuple[Check, ...] = (EXECUTES, InTimingWindow(), Deterministic(), Pure(), DependsOnInput(), MovesPerElement(),
+                             WellConditioned(), NothingDead(), Compiles())
 CHECK_STAGES = tuple(check.stage for check in CHECKS)
 
 
@@ -325,3 +752,22 @@ def glossary() -> dict[str, str]:
 
 def repairable() -> frozenset[str]:
     return frozenset().union(*(check.repairable for check in CHECKS))
+
+
+def measures(cfg: dict) -> dict[str, type]:
+    """Every metric the enabled checks record when they complete, with its type."""
+    return {name: kind for check in CHECKS if check.enabled(cfg) for name, kind in check.measures.items()}
+
+
+def decide(metrics: dict, cfg: dict) -> tuple[str, str, str] | None:
+    """(stage, reason, detail) of the first enabled check, in CHECKS order, whose decide
+    fails on `metrics`; None when all pass. `cfg` is {**DEFAULTS, **job_config}. Never
+    raises: a check whose decide fails on a malformed configuration is a failure of that check."""
+    for check in CHECKS:
+        try:
+            verdict = check.decide(metrics, cfg) if check.enabled(cfg) else None
+        except Exception as error:  # a malformed configuration: never a pass
+            verdict = "unmeasured", f"could not decide: {type(error).__name__}"
+        if verdict:
+            return (check.stage, *verdict)
+    return None
