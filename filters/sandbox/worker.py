@@ -142,10 +142,15 @@ def serve(job_fd: int, result_fd: int, options: dict) -> None:
     kept = _snapshot(ZYGOTE_DIR)
     while (job := receive(job_fd)) is not None:
         outcome = run_job(job, options, REASONS)
-        retire = _snapshot(ZYGOTE_DIR) != kept
-        send(result_fd, {"job": job["id"], **outcome, "retire": retire})
-        if retire:
-            print("sandbox worker: a job changed the zygote's files; retiring", file=sys.stderr, flush=True)
+        forged = outcome.pop("forged", False)
+        tampered = _snapshot(ZYGOTE_DIR) != kept
+        if tampered:  # whatever the child said, it said it from a worker it changed
+            outcome = failure("crashed", "the task changed the worker's own files: no verdict of it is kept, "
+                                         "and the worker is replaced")
+        send(result_fd, {"job": job["id"], **outcome, "retire": forged or tampered})
+        if forged or tampered:
+            why = "sent an answer that is not the checks' own" if forged else "changed the zygote's files"
+            print(f"sandbox worker: a job {why}; retiring", file=sys.stderr, flush=True)
             return
 
 
@@ -166,11 +171,61 @@ def run_job(job: dict, options: dict, reasons) -> dict:
     if job["config"].get("trace_only"):
         outcome = accepted({})
     else:
-        outcome = _in_child(job, options, reasons, _child)
+        outcome = confirm(_in_child(job, options, reasons, _child), job["config"])
     if outcome["passed"]:
         traced = _in_child(job, {**options, "timeout_s": TRACE_LIMIT_S}, reasons, _trace_child)
         outcome["metrics"]["op_graph"] = traced["metrics"].get("op_graph") if traced["passed"] else None
     return outcome
+
+
+def confirm(outcome: dict, config: dict) -> dict:
+    """The verdict on what the child measured, decided here, in a process that never ran task
+    code. A child may reject itself (that costs no one but its own job) but never accept
+    itself: its "accepted" only claims that every measure was taken. The zygote checks that
+    each measure the enabled checks take is there with its type, applies every check's
+    thresholds (`checks.decide`), and holds the timing to its own clock. An answer that lacks
+    a measure or claims more time than passed was not written by the checks: a forgery."""
+    if not outcome["passed"]:
+        return outcome
+    from filters.sandbox.checks import DEFAULTS, decide, measures
+    cfg, metrics = {**DEFAULTS, **config}, outcome["metrics"]
+    missing = sorted(name for name, kind in measures(cfg).items() if not _typed(metrics.get(name, _ABSENT), kind))
+    impossible = _beyond_clock(metrics, cfg)
+    if missing or impossible:
+        why = f"reported no valid {', '.join(missing[:3])}" if missing else impossible
+        return {**failure("crashed", f"the task's process {why}: not the checks' answer; the worker is replaced"),
+                "forged": True}
+    rejected = decide(metrics, cfg)
+    if rejected:
+        stage, reason, detail = rejected
+        return {"passed": False, "stage": stage, "reason": reason, "detail": detail[:MAX_DETAIL], "metrics": metrics}
+    return outcome
+
+
+_ABSENT = object()
+
+
+def _typed(value, kind: type) -> bool:
+    """A measure of its declared kind; a float may be None (a decide that needs it fails it)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _beyond_clock(metrics: dict, cfg: dict) -> str | None:
+    """What the child claims took longer than the zygote saw pass: the stages' wall times
+    together, or the precise timing, which samples at least `min_repeats` calls."""
+    wall = metrics["job_wall_ms"]
+    stages = sum(value for name, value in metrics.items() if name.startswith("t_") and name.endswith("_ms")
+                 and isinstance(value, (int, float)) and not isinstance(value, bool))
+    eager = metrics.get("eager_ms")
+    if stages > wall:
+        return f"claimed {stages:.0f} ms of checks in {wall:.0f} ms"
+    if isinstance(eager, (int, float)) and eager * cfg["min_repeats"] > wall:
+        return f"claimed a median eager time of {eager:.1f} ms in {wall:.0f} ms"
+    return None
 
 
 def _in_child(job: dict, options: dict, reasons, body) -> dict:
@@ -181,8 +236,10 @@ def _in_child(job: dict, options: dict, reasons, body) -> dict:
     if child == 0:
         body(job, options, workdir, write_fd, gate_wait)  # never returns
     os.close(write_fd)
+    began = time.monotonic()
     try:
         outcome = _await_child(child, read_fd, options, reasons, gate_wait)
+        outcome["metrics"]["job_wall_ms"] = (time.monotonic() - began) * 1e3  # the zygote's own clock
     finally:
         os.close(read_fd)
         _end(child)
@@ -225,10 +282,12 @@ def _await_child(child: int, read_fd: int, options: dict, reasons, gate_wait: mm
         result = check_result(json.loads(bytes(data)), reasons) if data else None
     except ValueError:
         result = None
+    if result is None and data:  # bytes that are not the checks' answer: written by the task's code
+        return {**failure("crashed", "the task's process sent something that is not the checks' answer; "
+                                     "the worker is replaced"), "forged": True}
     if result is None:
         code = os.waitstatus_to_exitcode(status) if status is not None else "unknown"
-        return failure("crashed", "the task's process ended without a well-formed verdict" +
-                       (f" (exit code {code})" if not data else ""))
+        return failure("crashed", f"the task's process ended without an answer (exit code {code})")
     return result
 
 

@@ -1,11 +1,12 @@
 """Validation throughput: the warm worker pool against a fresh Python process per candidate.
 
-    python -m tests.benchmarks.bench_validate [--candidates 60] [--device cpu|cuda] [--workers 2]
+    python -m tests.benchmarks.bench_validate [--candidates 60] [--device cpu|cuda] [--workers 2] [--tasks DIR]
 
 Same candidates (the template composer over the default catalog, as `opsynth run` draws
-them), same device, same checks, environment and GPU timing gate, the same number of
-candidates in flight at once. The pool's start (each worker imports torch and compiles one
-warm-up task) is timed apart: it is paid once a run, not once a candidate. Prints both
+them, or the .py files of --tasks DIR, from compose_candidates), same device, same checks,
+environment and GPU timing gate, the same number of candidates in flight at once. The
+pool's start (each worker imports torch and compiles one warm-up task) is timed apart: it
+is paid once a run, not once a candidate. Prints both
 wall times, the ratios with and without the start, and whether the verdicts agree (a
 borderline timing can flip between any two measurements; those are listed).
 """
@@ -35,18 +36,22 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--tasks", help="a folder of candidate .py files (compose_candidates) instead of composing")
     args = parser.parse_args()
 
-    codes = candidates(args.candidates, args.seed)
+    codes = (candidates(args.candidates, args.seed) if not args.tasks else
+             [path.read_text() for path in sorted(Path(args.tasks).glob("*.py"))][:args.candidates])
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     cuda = args.device.startswith("cuda")
     gpu_memory_gb = gpu_share_gb([0], args.workers) if cuda else None  # as a run shares it
     with tempfile.TemporaryDirectory(prefix="opsynth-bench-") as folder:
-        # Each side starts from its own empty compiler cache: neither reuses the other's kernels.
-        pool_cache, naive_cache, locks = (os.path.join(folder, name) for name in ("pool", "naive", "locks"))
+        # Each side starts from an empty compiler cache: a pool worker's job compiles into its
+        # own job folder inside the jail (a host folder is out of the jail's reach, and as root
+        # the jail's uid could not write one), the fresh processes into one of the bench's.
+        naive_cache, locks = (os.path.join(folder, name) for name in ("naive", "locks"))
         config = {"device": args.device, "memory_budget_gb": gpu_memory_gb / 3 if gpu_memory_gb else None}
-        options = SandboxOptions(device=args.device, threads=threads, env=(("TORCHINDUCTOR_CACHE_DIR", pool_cache),),
-                                 memory_guard="rss", gpu_memory_gb=gpu_memory_gb, timing_lock_dir=locks if cuda else None)
+        options = SandboxOptions(device=args.device, threads=threads, memory_guard="rss",
+                                 gpu_memory_gb=gpu_memory_gb, timing_lock_dir=locks if cuda else None)
         start_s, pool_s, pooled = time_pool(codes, config, args.workers, options)
         # The naive side times through the same gate (a lock file in the same folder).
         naive_config = {**config, "timing_lock": os.path.join(locks, "gpu0.lock") if cuda else None}
