@@ -5,7 +5,7 @@ that sums in another order differs from the reference by rounding: where the tas
 rounding (floor or remainder of computed values, tan near its poles, an inverse of a
 near-singular matrix), a correct kernel fails verification. Two measures say whether it does:
 the float32 output against the same task in float64 (same weights, same inputs), and the
-float32 output against itself on inputs nudged by a few ulps. Each is the share of the
+float32 output against itself with its weights nudged by a few ulps. Each is the share of the
 verification tolerance used, max |a - b| / (atol + rtol * |b|).
 """
 from __future__ import annotations
@@ -72,10 +72,34 @@ def widened(outputs: list) -> list:
 
 
 def ulp_share(model, inputs, out32: list, atol: float, rtol: float, seed: int) -> float:
-    """The share of the tolerance a nudge of a few ulps on every floating input moves the output by."""
-    with full_float32():
-        nudged = forward(model, nudged_copies(inputs, seed))
+    """The share of the tolerance a nudge of a few ulps on every floating weight moves the
+    output by. The weights, not the inputs: a kernel computes `x > 0.5` on an input exactly,
+    as the reference does, and a nudged input would flip an element that sits within ulps of
+    0.5 (one in a million) with no kernel ever at fault. What a kernel computes from the
+    weights is what it rounds its own way. A task without weights is left to the float64
+    comparison (0.0 here)."""
+    with full_float32(), nudged_weights(model, seed):
+        nudged = forward(model, inputs)
     return tolerance_share(nudged, out32, atol, rtol)
+
+
+@contextlib.contextmanager
+def nudged_weights(model, seed: int):
+    """Every floating parameter and buffer of `model` scaled by 1 + NUDGE_ULPS * eps * u
+    (u uniform in [-1, 1), from a generator of the checks' own), and put back after."""
+    saved = []
+    try:
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                if tensor.is_floating_point() and tensor.numel():
+                    saved.append((tensor, tensor.detach().clone()))
+                    nudge = nudged_copies([tensor.detach()], seed + len(saved))[0]
+                    tensor.copy_(nudge)
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, original in saved:
+                tensor.copy_(original)
 
 
 def max_abs(outputs: list) -> float:
