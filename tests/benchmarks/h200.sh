@@ -7,6 +7,8 @@
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
 #   bash tests/benchmarks/h200.sh ops6k SECONDS                 # the ops6k recipe (template composer), resumed
+#   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS]    # .bench/cands through `opsynth validate` with TREE's code
+#   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -16,6 +18,7 @@ OUT=${OUT:-/tmp/opsynth-out}
 mkdir -p "$OUT" && exec > >(tee -a "$OUT/h200.log") 2>&1  # what it prints comes back even if the call times out
 RUN=/tmp/opsynth-run  # the device returns at most 8 files: only the ones that matter are copied to $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+[ -d .whl/lib ] && export LD_LIBRARY_PATH=$PWD/.whl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # libseccomp, where the image has none
 # The caches live on the machine's local disk (the carried catalog copied in), not in the copied repo folder.
 mkdir -p /tmp/opsynth-cache && cp -r .device-cache/. /tmp/opsynth-cache/ 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_CACHE_DIR=/tmp/opsynth-cache
@@ -67,6 +70,38 @@ PY
     grep -E "catalog:|reference traced|round of" /tmp/ops6k/run.log | tail -40
     tar -czf "$OUT/ops6k-state.tar.gz" /tmp/ops6k /tmp/opsynth-cache 2>/dev/null
     cp /tmp/ops6k/stats.json /tmp/ops6k/run.log "$OUT/" 2>/dev/null
+    exit 0
+fi
+if [ "$STAGE" = funnel ]; then
+    # The same candidates (.bench/cands, from compose_candidates) through `opsynth validate` on
+    # the GPU, with this checkout's code (TREE .) or an earlier commit's (TREE .old: `git archive
+    # COMMIT pipeline filters operators outputs`): the funnel before and after, on one machine.
+    TREE=${1:-.}; NAME=${2:-after}
+    [ "$TREE" != . ] && export PYTHONPATH=/tmp/site:$PWD/$TREE
+    rm -rf /tmp/funnel /tmp/funnel-cache
+    start=$(date +%s.%N)
+    timeout -s INT -k 15 "${3:-480}" python3 -m pipeline.cli validate .bench/cands --out /tmp/funnel --device cuda \
+        --cache-dir /tmp/funnel-cache --timeout-s 240 --max-memory-gb 24 2>&1 | grep -v "^WARNING" | tail -3
+    echo "funnel $NAME wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+    python3 - /tmp/funnel/stats.json <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(json.dumps({k: s.get(k) for k in ("composed", "accepted", "rejected", "wall_time_s", "accepted_per_hour",
+                                        "rejected_by_reason", "time_by_check_s", "gpu_gate_s")}))
+PY
+    mkdir -p "$OUT/$NAME" && cp /tmp/funnel/stats.json /tmp/funnel/data/*.parquet /tmp/funnel/rejects/*.parquet "$OUT/$NAME/"
+    tail -c 100000 /tmp/funnel/workers.log > "$OUT/$NAME/workers.log"
+    exit 0
+fi
+if [ "$STAGE" = proofs ]; then
+    python3 -c "from filters.sandbox import landlock; print('landlock on this host:', landlock.status())"
+    echo "== hostile and benign tasks through jailed CUDA workers"
+    timeout 200 python3 -m tests.benchmarks.gpu_sandbox_check --device cuda --workers 4 --jobs 16 2>&1 | tail -30
+    echo "== GPU determinism: colliding scatter_add, in the checks"
+    timeout 120 python3 -m tests.benchmarks.gpu_determinism 2>&1 | tail -6
+    echo "== worker pool vs fresh process per candidate, as root"
+    timeout 300 python3 -m tests.benchmarks.bench_validate --device cuda --tasks .bench/cands \
+        --candidates "${1:-24}" --workers 7 2>&1 | tail -8
     exit 0
 fi
 if [ "$STAGE" = crawl ]; then
