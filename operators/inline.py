@@ -12,6 +12,9 @@ the glue away:
   including conditions on `self.x` attributes assigned a literal exactly once;
 - the package's own decorators, all annotations and docstrings are dropped;
 - dropout becomes the identity (a seed is an inference program) and logger calls go;
+- torch's questions about how the code runs (`torch.jit.is_tracing()`, `torch.compiler.is_compiling()`)
+  become `False` and their branches fold: a seed is the eager program, and the static policy
+  refuses a forward that asks;
 - a package-specific hook rewrites what only it understands (an activation table lookup).
 
 What remains must be torch, math, typing, a builtin or more inlined code; anything else
@@ -37,6 +40,10 @@ SILENCED_ROOTS = {"logger", "warnings"}
 PRESENTATION_METHODS = {"__repr__", "__str__", "extra_repr"}
 STANDARD_IMPORTS = {"torch": "import torch", "nn": "from torch import nn", "F": "import torch.nn.functional as F",
                     "math": "import math"}
+# Asked by library code to take a tracing- or compiler-friendly path; a seed is eager.
+RUN_MODE_QUERIES = frozenset({"torch.jit.is_tracing", "torch.jit.is_scripting", "torch.compiler.is_compiling",
+                              "torch.compiler.is_dynamo_compiling", "torch._dynamo.is_compiling",
+                              "torch.is_autocast_enabled"})
 MAX_DEFINITIONS = 24  # an op needing more than this many definitions is not a layer-level op
 
 
@@ -360,6 +367,8 @@ class _Glue(cst.CSTTransformer):
     def leave_Call(self, original, updated):
         name = _dotted(updated.func)
         leaf = name.rsplit(".", 1)[-1]
+        if name in RUN_MODE_QUERIES and not updated.args:
+            return cst.Name("False")
         if name in ("getattr", "hasattr") and len(updated.args) >= 2 and _root_constant(updated.args[0].value, self.rules):
             holder = _root_constant(updated.args[0].value, self.rules)
             attr = ast.literal_eval(cst.Module([]).code_for_node(updated.args[1].value))

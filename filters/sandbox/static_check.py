@@ -765,7 +765,7 @@ class _FunctionPurity:
         if name in self.parameters and not before:
             return "input", name
         if name not in self.parameters and name not in self.assignments:
-            return ("fresh", name) if name in self.purity.module_names else ("outer", name)
+            return "outer", name  # a module-level name, a builtin or a closure's
         for value in before:
             owner = ("fresh", name) if value is None else self._owner(value, at, seen | {name})
             if owner[0] != "fresh":
