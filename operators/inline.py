@@ -15,6 +15,9 @@ the glue away:
 - torch's questions about how the code runs (`torch.jit.is_tracing()`, `torch.compiler.is_compiling()`)
   become `False` and their branches fold: a seed is the eager program, and the static policy
   refuses a forward that asks;
+- two stdlib helpers the static policy does not allow are spelled without them:
+  `isinstance(v, collections.abc.Iterable)` tests for a tuple or list (what a config holds),
+  `functools.partial(f, a, k=v)` is `lambda *args, **kwargs: f(a, *args, k=v, **kwargs)`;
 - a package-specific hook rewrites what only it understands (an activation table lookup).
 
 What remains must be torch, math, typing, a builtin or more inlined code; anything else
@@ -44,6 +47,7 @@ STANDARD_IMPORTS = {"torch": "import torch", "nn": "from torch import nn", "F": 
 RUN_MODE_QUERIES = frozenset({"torch.jit.is_tracing", "torch.jit.is_scripting", "torch.compiler.is_compiling",
                               "torch.compiler.is_dynamo_compiling", "torch._dynamo.is_compiling",
                               "torch.is_autocast_enabled"})
+ITERABLE_TYPES = {"collections.abc.Iterable", "collections.abc.Sequence", "typing.Iterable", "typing.Sequence"}
 MAX_DEFINITIONS = 24  # an op needing more than this many definitions is not a layer-level op
 
 
@@ -369,6 +373,11 @@ class _Glue(cst.CSTTransformer):
         leaf = name.rsplit(".", 1)[-1]
         if name in RUN_MODE_QUERIES and not updated.args:
             return cst.Name("False")
+        if name == "isinstance" and len(updated.args) == 2 and self._imported(updated.args[1].value) in ITERABLE_TYPES:
+            return updated.with_changes(args=[updated.args[0], updated.args[1].with_changes(
+                value=cst.parse_expression("(tuple, list)"))])
+        if self._imported(updated.func) == "functools.partial" and updated.args:
+            return self._partial(updated)
         if name in ("getattr", "hasattr") and len(updated.args) >= 2 and _root_constant(updated.args[0].value, self.rules):
             holder = _root_constant(updated.args[0].value, self.rules)
             attr = ast.literal_eval(cst.Module([]).code_for_node(updated.args[1].value))
@@ -389,6 +398,29 @@ class _Glue(cst.CSTTransformer):
 
     def leave_Subscript(self, original, updated):
         return self._hooked(updated)
+
+    def _imported(self, node) -> str:
+        """The dotted name `node` spells, its root resolved through the module's imports
+        (`abc.Iterable` after `from collections import abc` is `collections.abc.Iterable`)."""
+        dotted = _dotted(node)
+        root, _, rest = dotted.partition(".")
+        words = self.index.import_lines.get(root, "").split()
+        if words[:1] == ["import"] and "as" in words:  # import a.b as root
+            return f"{words[1]}.{rest}" if rest else words[1]
+        if words[:1] == ["from"]:
+            return f"{words[1]}.{words[3]}" + (f".{rest}" if rest else "")
+        return dotted
+
+    @staticmethod
+    def _partial(node: cst.Call):
+        code = lambda part: cst.Module([]).code_for_node(part)  # noqa: E731
+        func, *given = node.args
+        positional = [code(arg.value) for arg in given if arg.keyword is None and not arg.star]
+        keywords = [f"{arg.keyword.value}={code(arg.value)}" for arg in given if arg.keyword is not None]
+        if len(positional) + len(keywords) != len(given):
+            return node  # *args or **kwargs given to partial: left as it is, and refused
+        call = ", ".join([*positional, "*args", *keywords, "**kwargs"])
+        return cst.parse_expression(f"lambda *args, **kwargs: {code(func.value)}({call})")
 
     def _hooked(self, node):
         if self.rules.hook is None:

@@ -71,8 +71,6 @@ DENIED_ATTRIBUTES = frozenset({
     "with_traceback",
     # the format mini-language reaches attributes by name ("{0.__globals__}" built at run time)
     "format", "format_map",
-    # Tensor.type / Storage.type take a dotted name and import it; `.to(dtype)` is the spelling
-    "type",
     # an nn.Module's members by a dotted name held in a string
     "get_submodule", "get_parameter", "get_buffer", "set_submodule",
 })
@@ -312,6 +310,8 @@ class _Policy:
             raise Rejected("forbidden_call", node, f"dunder access {attr!r}")
         if attr in DENIED_ATTRIBUTES:
             raise Rejected("forbidden_call", node, f".{attr} reaches the file system, the interpreter or leaves torch")
+        if attr == "type":
+            self._type_method(node)
         root, dotted = _chain(node)
         if root in self.modules:
             if isinstance(self.parents.get(node), ast.Attribute):
@@ -327,6 +327,21 @@ class _Policy:
                 raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
             if attr in _PRIVATE_INTERNALS and attr not in self.own_private:
                 raise Rejected("forbidden_call", node, f"private attribute {attr!r} of nn.Module or a tensor")
+
+    def _type_method(self, node: ast.Attribute) -> None:
+        """Tensor.type and Storage.type import the dotted name a string gives them; given a
+        torch dtype (`.type(torch.float32)`) they convert, as `.to(dtype)` does."""
+        call = self.parents.get(node)
+        given = call.args + [kw.value for kw in call.keywords] if isinstance(call, ast.Call) and call.func is node else None
+        if given is None or not all(isinstance(_resolve(self._dotted(arg)), torch.dtype) for arg in given):
+            raise Rejected("forbidden_call", node, ".type() imports what a string names: convert with .to(dtype), "
+                                                   "or give .type a torch dtype (x.type(torch.float32))")
+
+    def _dotted(self, node: ast.AST) -> str:
+        root, dotted = _chain(node)
+        if root in self.modules:
+            return self.modules[root] + dotted[len(root):]
+        return self.objects[root] + dotted[len(root):] if root in self.objects else "?"
 
     def _module_chain(self, dotted: str, node) -> None:
         """`torch.nn.functional.relu`: every module on the way allowed, the end not a module."""
@@ -527,7 +542,10 @@ INTROSPECTION = frozenset({
     "element_size", "itemsize", "nbytes", "are_deterministic_algorithms_enabled", "get_num_threads",
     "get_default_device", "get_autocast_dtype", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype", "_version",
     "is_deterministic_algorithms_warn_only_enabled", "device_count", "current_device"})
-INTROSPECTION_ALLOWED = frozenset({"is_same_size"})  # `is_*` names that compute rather than inspect
+# torch's own `is_*` questions (x.is_cuda, torch.is_grad_enabled, x.is_floating_point, ...); a
+# layer's own `self.is_causal` is its config
+INTROSPECTION |= frozenset(name for name in {*dir(torch), *dir(torch.Tensor), *dir(torch.nn.Module)}
+                           if name.startswith("is_") and name != "is_same_size")
 PASSED_ON = frozenset({"device", "dtype"})  # may be passed to a call, never inspected or branched on
 DATA_TO_PYTHON = frozenset({"item", "tolist"})
 SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
@@ -632,7 +650,8 @@ class _Purity:
             if isinstance(node, (ast.Yield, ast.YieldFrom)):
                 raise Rejected("impure_forward", node, "a generator keeps its place between calls: return a value")
             value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) else None
-            if value is not None and _makes_iterator(value):
+            unpacked = isinstance(node, ast.Assign) and all(isinstance(t, (ast.Tuple, ast.List)) for t in node.targets)
+            if value is not None and _makes_iterator(value) and not unpacked:
                 raise Rejected("impure_forward", node, "an iterator kept in a variable keeps state between calls: "
                                "consume it where it is made (for ... in, tuple(...), torch.stack([...]))")
             if isinstance(node, ast.Attribute) and self._kept_mutator(node):
@@ -654,6 +673,15 @@ def _immutable(node: ast.AST) -> bool:
     if isinstance(node, ast.BinOp):
         return _immutable(node.left) and _immutable(node.right)
     return isinstance(node, ast.Tuple) and all(_immutable(e) for e in node.elts)
+
+
+def _device_or_dtype(node: ast.AST) -> bool:
+    """`x.dtype`, `q.dtype, k.dtype`, `a.device if a is not None else b.device`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in PASSED_ON
+    if isinstance(node, ast.Tuple):
+        return any(map(_device_or_dtype, node.elts))
+    return isinstance(node, ast.IfExp) and (_device_or_dtype(node.body) or _device_or_dtype(node.orelse))
 
 
 def _makes_iterator(node: ast.AST) -> bool:
@@ -682,8 +710,8 @@ class _FunctionPurity:
             for name, value in _bindings(node):
                 self.assignments.setdefault(name, []).append(value)
         self.clean = self._clean_locals()
-        self.passed_on = {name for name, values in self.assignments.items()
-                          if any(isinstance(v, ast.Attribute) and v.attr in PASSED_ON for v in values)}
+        self.passed_on = {name for node in self.body if isinstance(node, ast.Assign) and _device_or_dtype(node.value)
+                          for target in node.targets for name in _target_names(target)}
 
     def check(self) -> None:
         for default in [*self.function.args.defaults, *filter(None, self.function.args.kw_defaults)]:
@@ -782,8 +810,11 @@ class _FunctionPurity:
         receiver = None
         if isinstance(node.func, ast.Attribute) and (node.func.attr in MUTATORS or _in_place(node.func.attr)):
             root, _ = _chain(node.func.value)
-            through_type = root in self.purity.policy.modules or root in ("list", "dict", "set", *self.purity.policy.objects)
-            receiver = (node.args[0] if node.args else None) if through_type else node.func.value
+            through_module = root in self.purity.policy.modules or root in self.purity.policy.objects
+            if through_module and _in_place(node.func.attr) or root in ("list", "dict", "set"):
+                receiver = node.args[0] if node.args else None  # torch.Tensor.add_(t, 1), list.append(l, 1)
+            elif not through_module:  # torch.add(x, y) adds; set.add would change the set
+                receiver = node.func.value
         elif isinstance(node.func, ast.Name) and _in_place(leaf) and node.args:
             receiver = node.args[0]
         elif (dotted.startswith("torch.") and _in_place(leaf) and node.args) or any(
@@ -800,8 +831,7 @@ class _FunctionPurity:
         if attr in DATA_TO_PYTHON:
             self._refuse(node, f".{attr}() turns tensor values into Python values forward then depends on: keep them "
                                "tensors (torch.where, masks, reductions)")
-        if (attr in INTROSPECTION or attr.startswith("is_") and attr not in INTROSPECTION_ALLOWED) and \
-                isinstance(node.ctx, ast.Load):
+        if attr in INTROSPECTION and isinstance(node.ctx, ast.Load):
             self._refuse(node, f".{attr} asks how the code runs, not what it computes: write one path for every "
                                "device, dtype and mode (use x.shape, not x.device)")
         if attr in PASSED_ON and isinstance(node.ctx, ast.Load):
@@ -811,12 +841,15 @@ class _FunctionPurity:
         """x.device and x.dtype go straight into a call (torch.zeros(n, device=x.device)) or
         into a local kept for one; they are never inspected, compared or branched on."""
         parent = self.parents.get(node)
+        while isinstance(parent, ast.Tuple) or isinstance(parent, ast.IfExp) and node is not parent.test:
+            node, parent = parent, self.parents.get(parent)  # q_type, k_type = q.dtype, k.dtype
+        if isinstance(parent, ast.Assign) and all(isinstance(n, (ast.Name, ast.Tuple, ast.Store))
+                                                  for t in parent.targets for n in ast.walk(t)):
+            return
         call = self.parents.get(parent) if isinstance(parent, ast.keyword) else parent
         # str(x.device), print(...), bool(...): a builtin turns it into a value to inspect
         if isinstance(call, ast.Call) and (node in call.args or parent in call.keywords) and not (
                 isinstance(call.func, ast.Name) and call.func.id in SAFE_BUILTINS):
-            return
-        if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name):
             return
         self._refuse(node, f"{what} may only be passed to a call (torch.zeros(n, device=x.device)); do not inspect, "
                            "compare or branch on it: write one path for every device and dtype")
@@ -868,12 +901,21 @@ class _FunctionPurity:
                 return all(map(self._is_clean, arguments))
             if _Grammar(self.purity.policy)._dotted(func).startswith("math."):
                 return all(map(self._is_clean, arguments))
-            return False
+            return self._own_function_of_config(func, arguments)
         if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List, ast.IfExp,
                              ast.Subscript, ast.Slice, ast.Starred, ast.NamedExpr)):
             return all(self._is_clean(child) for child in ast.iter_child_nodes(node)
                        if not isinstance(child, (ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)))
         return False
+
+    def _own_function_of_config(self, func: ast.AST, arguments: list[ast.AST]) -> bool:
+        """`self.compute_padding(width, self.kernel_size[1])`: a task function (itself checked)
+        given only constants, config and shapes, never a tensor it was handed."""
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name not in self.purity.definitions or isinstance(func, ast.Attribute) and _chain(func)[0] != "self":
+            return False
+        handed = {leaf.id for arg in arguments for leaf in ast.walk(arg) if isinstance(leaf, ast.Name)}
+        return all(map(self._is_clean, arguments)) and not handed & (self.parameters - {"self", "cls"})
 
     def _clean_locals(self) -> set[str]:
         """Locals every binding of which is clean (a fixed point: `n = x.shape[0]; m = n * 2`)."""

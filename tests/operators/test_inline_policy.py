@@ -1,6 +1,10 @@
-"""Library code asks how it runs (`torch.jit.is_tracing()`, `torch.compiler.is_compiling()`)
+"""What the inliner rewrites so that library layers pass the static policy.
+
+Library code asks how it runs (`torch.jit.is_tracing()`, `torch.compiler.is_compiling()`)
 to pick a tracing-friendly path; the static policy refuses a forward that asks. The inliner
-answers False, the eager path, and folds the branch away, so such layers still become seeds."""
+answers False, the eager path, and folds the branch away. It also spells two stdlib helpers
+the policy no longer allows (collections.abc.Iterable in isinstance, functools.partial)
+without them."""
 import sys
 import textwrap
 
@@ -11,6 +15,10 @@ from filters.sandbox.static_check import screen_definitions
 from operators.inline import InlineRules, inline
 
 LAYERS = textwrap.dedent('''
+    import collections.abc
+    import functools
+    from collections.abc import Iterable
+
     import torch
     from torch import nn
 
@@ -22,6 +30,17 @@ LAYERS = textwrap.dedent('''
             if not torch.jit.is_scripting():
                 x = x + 1
             return x * 2 if not torch.compiler.is_compiling() else x
+
+
+    class Pairs(nn.Module):
+        def __init__(self, size=3):
+            super().__init__()
+            self.size = size if isinstance(size, collections.abc.Iterable) else (size, size)
+            self.wide = size if isinstance(size, Iterable) else (size, size, size)
+            self.act = functools.partial(nn.functional.gelu, approximate="tanh")
+
+        def forward(self, x):
+            return self.act(x) * len(self.size) * len(self.wide)
 ''')
 
 
@@ -44,8 +63,21 @@ def test_run_mode_queries_fold_to_the_eager_path_and_pass_the_policy(layers):
     for asked in ("is_tracing", "is_scripting", "is_compiling", "x * 3"):
         assert asked not in code, (asked, code)
     assert screen_definitions(code) is None
-    assert screen_definitions(textwrap.dedent(LAYERS))[0] in ("forbidden_call", "impure_forward")
+    asking = "import torch\nfrom torch import nn\n" + LAYERS[LAYERS.index("class Gated"):LAYERS.index("class Pairs")]
+    assert screen_definitions(asking)[0] in ("forbidden_call", "impure_forward")
     namespace = {}
     exec(code, namespace)
     x = torch.rand(4)
     assert torch.equal(namespace["Gated"]()(x), layers.Gated()(x))
+
+
+def test_stdlib_helpers_are_spelled_without_them(layers):
+    code = inline(layers.Pairs, InlineRules("opsynth_run_mode_demo")).code
+    for gone in ("collections", "functools", "Iterable", "partial"):
+        assert gone not in code, (gone, code)
+    assert screen_definitions(code) is None
+    namespace = {}
+    exec(code, namespace)
+    x = torch.rand(4)
+    for size in (3, (2, 5)):
+        assert torch.equal(namespace["Pairs"](size)(x), layers.Pairs(size)(x))
