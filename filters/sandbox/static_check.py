@@ -1,32 +1,18 @@
-"""The static check: decide from the source alone, before any candidate code runs.
+"""The static check: a grammar of pure tensor programs, decided from the source alone.
 
-An allowlist of what a task may reach, not a list of names it may not write:
-- imports: torch and its op namespaces (nn, nn.functional, nn.init, fft, linalg, special),
-  a few pure stdlib modules, and, of an added op library, the modules that hold the run's
-  catalog ops; every alias and from-import is resolved, so `import torch as T; T.hub` is
-  `torch.hub`;
-- every attribute chain rooted at an import is resolved against the real module: it may pass
-  only through allowed namespaces and end at a public object that is not a module (module
-  objects are never values), not a denied call, and not something that leaves the run's
-  libraries (`dataclasses.builtins`, `torch.os`); nothing private lies past that object
-  (`torch.UntypedStorage._new_shared_filename_cpu`);
-- of an added library, a chain must end at one of the catalog's ops, exactly: a library's
-  other public names are its own business, and one helper is enough to hand a task the
-  interpreter (kornia's `LazyLoader("os")`);
-- builtins: a safe set; the rest (getattr, eval, open, type, vars, ...) may be neither used nor
-  shadowed, and no name an import binds may be bound again;
-- no dunder attribute, name or string ("__globals__" is a string too), no dunder method but
-  `__init__`, no frame or code object attribute, no metaclass, no global state, no async;
-- no private attribute of nn.Module's or a tensor's own (`self._modules`, `self._apply`),
-  only the task's own private names;
-- no attribute write rooted at a module, and none that replaces a tensor's or an
-  nn.Module's own method (`self.t.float = ...`, `self.named_parameters = ...`);
-- no stochastic op outside `__init__`, `reset_parameters`, `get_inputs` and
-  `get_init_inputs` (helpers called from forward included).
+A task is refused unless it is one: three passes, each raising the first refusal it finds.
+- _Policy, what a task may reach: imports of torch's op namespaces, math and the run's library
+  ops, every alias and attribute chain resolved on the real modules; no computed attribute
+  name (getattr, .format, names built at run time for register_buffer and the like); no
+  dunder, frame or private internals; no stochastic op outside __init__ and the input builders;
+- _Grammar, the shape of the module: imports, constants, nn.Module classes and plain functions;
+- _Purity, forward and everything it reaches: no state written or kept, no control flow on
+  tensor values, no questions about how it runs (device, dtype, compiling, storage).
+docs/sandbox.md says why each rule is there.
 
 Returns None for a task that may go to the sandbox, or (reason, detail) for one that may
-not. Reason codes: syntax_error, bad_interface, forbidden_import, forbidden_call,
-stochastic_op.
+not; the detail says what to write instead. Reason codes: syntax_error, bad_interface,
+forbidden_import, forbidden_call, stochastic_op, impure_forward.
 """
 from __future__ import annotations
 
@@ -675,6 +661,20 @@ def _immutable(node: ast.AST) -> bool:
     return isinstance(node, ast.Tuple) and all(_immutable(e) for e in node.elts)
 
 
+def _names_outside_shapes(node: ast.AST):
+    """The names `node` reads other than for a shape: `x` in `f(x)`, not in `f(x.shape[1])`."""
+    if isinstance(node, ast.Attribute) and node.attr in SHAPE_ATTRIBUTES:
+        return
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SHAPE_METHODS:
+        for arg in node.args:
+            yield from _names_outside_shapes(arg)
+        return
+    if isinstance(node, ast.Name):
+        yield node.id
+    for child in ast.iter_child_nodes(node):
+        yield from _names_outside_shapes(child)
+
+
 def _device_or_dtype(node: ast.AST) -> bool:
     """`x.dtype`, `q.dtype, k.dtype`, `a.device if a is not None else b.device`."""
     if isinstance(node, ast.Attribute):
@@ -914,7 +914,7 @@ class _FunctionPurity:
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
         if name not in self.purity.definitions or isinstance(func, ast.Attribute) and _chain(func)[0] != "self":
             return False
-        handed = {leaf.id for arg in arguments for leaf in ast.walk(arg) if isinstance(leaf, ast.Name)}
+        handed = {name for arg in arguments for name in _names_outside_shapes(arg)}
         return all(map(self._is_clean, arguments)) and not handed & (self.parameters - {"self", "cls"})
 
     def _clean_locals(self) -> set[str]:
