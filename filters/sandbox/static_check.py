@@ -513,9 +513,10 @@ def _target_names(target: ast.AST) -> list[str]:
 
 # -- forward is a pure function -------------------------------------------------------------
 
-# Methods that change their receiver in place (a tensor's `*_` methods are found by name).
+# Methods that change their receiver in place (a tensor's `*_` methods are found by name;
+# set.add and list.sort are not here: Tensor.add and Tensor.sort return new tensors).
 MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem",
-                      "add", "discard", "sort", "reverse", "register_buffer", "register_parameter", "add_module",
+                      "discard", "reverse", "register_buffer", "register_parameter", "add_module",
                       "register_module", "train", "eval", "apply", "requires_grad_", "zero_grad", "load_state_dict",
                       "set_extra_state", "register_forward_hook", "register_forward_pre_hook",
                       "register_full_backward_hook", "register_full_backward_pre_hook", "register_hook", "set_",
@@ -568,6 +569,8 @@ class _Purity:
             [node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else
             [n for t in node.targets for n in _target_names(t)] if isinstance(node, ast.Assign) else [])}
         self.tensor_attributes = self._tensor_attributes()
+        self.containers = {target.attr for node in ast.walk(self.tree) if isinstance(node, ast.Assign) and _container(
+            node.value) for target in node.targets if isinstance(target, ast.Attribute)}
 
     def check(self) -> None:
         self._no_kept_iterators()
@@ -581,8 +584,8 @@ class _Purity:
         as values or handed to a hook: every function that may run inside a call of forward."""
         roots = [node for node in self.definitions.get("forward", [])]
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.Lambda) and not isinstance(self.parents.get(node), (ast.Call, ast.keyword)):
-                roots.append(node)
+            if isinstance(node, ast.Lambda) and not _handed_to_apply(node, self.parents):
+                roots.append(node)  # even one given to a constructor, which may keep it
             elif self._kept_function(node):
                 roots.extend(self.definitions[node.id if isinstance(node, ast.Name) else node.attr])
         seen, order = set(), []
@@ -651,6 +654,17 @@ class _Purity:
         return not (isinstance(parent, ast.Call) and parent.func is node)
 
 
+def _container(node: ast.AST) -> bool:
+    return isinstance(node, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) or isinstance(
+        node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("list", "dict", "set", "sorted")
+
+
+def _handed_to_apply(node: ast.AST, parents: dict) -> bool:
+    """`self.apply(lambda m: ...)`: nn.Module.apply calls it at once, in __init__."""
+    call = parents.get(node)
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "apply"
+
+
 def _immutable(node: ast.AST) -> bool:
     if isinstance(node, (ast.Constant, ast.Name, ast.Attribute)):
         return True
@@ -704,6 +718,11 @@ class _FunctionPurity:
         args = function.args
         self.parameters = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
                                            *filter(None, [args.vararg, args.kwarg])]}
+        # forward's parameters without a default are the task's inputs, tensors: not config
+        defaulted = {a.arg for a in [*args.posonlyargs, *args.args][len(args.posonlyargs) + len(args.args)
+                                                                     - len(args.defaults):]}
+        defaulted |= {a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None}
+        self.config_parameters = self.parameters if self.name != "forward" else (defaulted | {"self", "cls"})
         self.body = list(ast.walk(function))
         self.assignments: dict[str, list[ast.AST]] = {}  # local name -> the values bound to it (None: unknown)
         for node in self.body:
@@ -779,6 +798,12 @@ class _FunctionPurity:
                 node = node.func.value
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super":
                 return "self", "self"
+            elif isinstance(node, ast.Call) and self._own_function(node.func):
+                # `self.cache_of(x).append(...)`: what a task function returns may be what it was given
+                given = [*node.args, *(kw.value for kw in node.keywords)]
+                given += [node.func.value] if isinstance(node.func, ast.Attribute) else []
+                owners = [self._owner(arg, at, seen) for arg in given]
+                return next((owner for owner in owners if owner[0] != "fresh"), ("fresh", ""))
             else:
                 break
         if not isinstance(node, ast.Name):
@@ -815,6 +840,8 @@ class _FunctionPurity:
                 receiver = node.args[0] if node.args else None  # torch.Tensor.add_(t, 1), list.append(l, 1)
             elif not through_module:  # torch.add(x, y) adds; set.add would change the set
                 receiver = node.func.value
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in ("add", "sort") and self._container(node.func.value):
+            receiver = node.func.value  # set.add, list.sort: a container the task built, not a tensor
         elif isinstance(node.func, ast.Name) and _in_place(leaf) and node.args:
             receiver = node.args[0]
         elif (dotted.startswith("torch.") and _in_place(leaf) and node.args) or any(
@@ -823,6 +850,9 @@ class _FunctionPurity:
             receiver = node.args[0] if node.args else None
         if receiver is not None:
             self._write(node, receiver, f"calls {leaf or 'an in-place op'} on")
+            if leaf in MUTATORS and not _in_place(leaf) and not self._made_here(receiver):
+                self._refuse(node, f"forward calls {leaf} on {ast.unparse(receiver)[:40]}, a container it did not "
+                                   "build in this call: build lists and dicts locally (outs = []) and return results")
 
     # introspection
 
@@ -877,7 +907,7 @@ class _FunctionPurity:
         if isinstance(node, ast.Constant):
             return True
         if isinstance(node, ast.Name):
-            return node.id in self.parameters or node.id in self.clean or node.id in self.purity.module_names or (
+            return node.id in self.config_parameters or node.id in self.clean or node.id in self.purity.module_names or (
                 node.id not in self.assignments and node.id in SAFE_BUILTINS)
         if isinstance(node, ast.Attribute):
             if node.attr in SHAPE_ATTRIBUTES:
@@ -907,6 +937,22 @@ class _FunctionPurity:
             return all(self._is_clean(child) for child in ast.iter_child_nodes(node)
                        if not isinstance(child, (ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)))
         return False
+
+    def _container(self, node: ast.AST) -> bool:
+        """A module-level list, or a self attribute the task sets to a container."""
+        if isinstance(node, ast.Name):
+            return node.id in self.purity.module_names and node.id not in self.assignments
+        return isinstance(node, ast.Attribute) and _chain(node)[0] == "self" and node.attr in self.purity.containers
+
+    def _made_here(self, node: ast.AST) -> bool:
+        """A local bound to a container built in this call (`outs = []`, `list(...)`); that
+        none of its bindings is an outside object, _write has checked."""
+        values = self.assignments.get(node.id) if isinstance(node, ast.Name) else None
+        return bool(values) and node.id not in self.parameters and any(map(_container, values))
+
+    def _own_function(self, func: ast.AST) -> bool:
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        return name in self.purity.definitions
 
     def _own_function_of_config(self, func: ast.AST, arguments: list[ast.AST]) -> bool:
         """`self.compute_padding(width, self.kernel_size[1])`: a task function (itself checked)
