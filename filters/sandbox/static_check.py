@@ -547,8 +547,6 @@ ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose", "
                       "chunk", "movedim", "moveaxis", "swapaxes", "swapdims", "diagonal", "get", "values", "items",
                       "keys", "unfold", "tensor_split", "hsplit", "vsplit", "squeeze_", "unsqueeze_"})
 INIT_NAMESPACE = "torch.nn.init."
-NOT_IN_FORWARD = frozenset({"__init__", "reset_parameters", "_reset_parameters", "_init_weights", "init_weights",
-                            "get_inputs", "get_init_inputs"})
 
 
 class _Purity:
@@ -568,39 +566,43 @@ class _Purity:
         self.module_names = {name for node in self.tree.body for name in (
             [node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else
             [n for t in node.targets for n in _target_names(t)] if isinstance(node, ast.Assign) else [])}
+        self.constructors = {node.name: [item for item in node.body if isinstance(item, ast.FunctionDef)
+                                         and item.name == "__init__"]
+                             for node in ast.walk(self.tree) if isinstance(node, ast.ClassDef)}
         self.tensor_attributes = self._tensor_attributes()
         self.containers = {target.attr for node in ast.walk(self.tree) if isinstance(node, ast.Assign) and _container(
             node.value) for target in node.targets if isinstance(target, ast.Attribute)}
 
     def check(self) -> None:
         self._no_kept_iterators()
-        for function in self._reachable():
-            _FunctionPurity(self, function).check()
+        for function, constructing in self._reachable():
+            _FunctionPurity(self, function, constructing).check()
 
     # which functions forward can reach
 
-    def _reachable(self) -> list[ast.AST]:
+    def _reachable(self) -> list[tuple[ast.AST, bool]]:
         """forward methods, the functions they name, lambdas kept as values and functions kept
-        as values or handed to a hook: every function that may run inside a call of forward."""
-        roots = [node for node in self.definitions.get("forward", [])]
+        as values or handed to a hook: every function that may run inside a call of forward,
+        each with whether it runs as the constructor of a task class built there (whose
+        `self` is a new object, its own to set)."""
+        roots = [(node, False) for node in self.definitions.get("forward", [])]
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Lambda) and not _handed_to_apply(node, self.parents):
-                roots.append(node)  # even one given to a constructor, which may keep it
+                roots.append((node, False))  # even one given to a constructor, which may keep it
             elif self._kept_function(node):
-                roots.extend(self.definitions[node.id if isinstance(node, ast.Name) else node.attr])
+                roots.extend((f, False) for f in self.definitions[node.id if isinstance(node, ast.Name) else node.attr])
         seen, order = set(), []
         while roots:
-            function = roots.pop()
-            if id(function) in seen:
+            function, constructing = roots.pop()
+            if (id(function), constructing) in seen:
                 continue
-            seen.add(id(function))
-            order.append(function)
+            seen.add((id(function), constructing))
+            order.append((function, constructing))
             for node in ast.walk(function):
                 name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-                if name in self.definitions and (name not in NOT_IN_FORWARD or name == "__init__" and not
-                                                  isinstance(function, ast.FunctionDef) or
-                                                  name == "__init__" and function.name != "__init__"):
-                    roots.extend(self.definitions[name])
+                if not (constructing and name == "__init__"):  # super().__init__() of a new object
+                    roots.extend((f, False) for f in self.definitions.get(name, []))
+                roots.extend((f, True) for f in self.constructors.get(name, []))
         return order
 
     def _kept_function(self, node: ast.AST) -> bool:
@@ -711,8 +713,8 @@ def _in_place(name: str) -> bool:
 class _FunctionPurity:
     """The purity rules over one function that forward can reach."""
 
-    def __init__(self, purity: _Purity, function: ast.AST):
-        self.purity, self.function = purity, function
+    def __init__(self, purity: _Purity, function: ast.AST, constructing: bool = False):
+        self.purity, self.function, self.constructing = purity, function, constructing
         self.parents = purity.parents
         self.name = getattr(function, "name", "<lambda>")
         args = function.args
@@ -810,7 +812,7 @@ class _FunctionPurity:
             return "fresh", ""
         name = node.id
         if name in ("self", "cls") and name in self.parameters:
-            return "self", name
+            return ("fresh", name) if self.constructing else ("self", name)
         if name in seen:
             return "fresh", name
         before = [value for value in self.assignments.get(name, []) if _position(value) < _position(at)] \

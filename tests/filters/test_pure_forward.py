@@ -209,6 +209,20 @@ PAIRS = [
      make_task("self.seen.add(1)\nreturn x * len(self.seen)", init="self.seen = set()"),
      make_task("return x.add(1).sort(dim=1).values"),
      "impure_forward"),
+    ("reset_parameters called from forward",
+     make_task("self.reset_parameters()\nreturn self.lin(x)", init="self.lin = nn.Linear(features, features)").replace(
+         METHOD, "    def reset_parameters(self):\n        nn.init.zeros_(self.lin.bias)\n\n" + METHOD),
+     make_task("return self.lin(x)", init="self.lin = nn.Linear(features, features)\nself.reset_parameters()").replace(
+         METHOD, "    def reset_parameters(self):\n        nn.init.zeros_(self.lin.bias)\n\n" + METHOD),
+     "impure_forward"),
+    ("a task module built inside forward changes what outlives the call",
+     make_task("return Scale()(x)", header="built = []\nclass Scale(nn.Module):\n    def __init__(self):\n"
+               "        super().__init__()\n        built.append(1)\n        self.s = 2.0\n\n"
+               "    def forward(self, x):\n        return x * self.s"),
+     make_task("return Scale()(x)", header="class Scale(nn.Module):\n"
+               "    def __init__(self):\n        super().__init__()\n        self.s = 2.0\n\n"
+               "    def forward(self, x):\n        return x * self.s"),
+     "impure_forward"),
     ("iter and next",
      make_task("return x * next(iter(self.parameters()))", init=WEIGHT),
      make_task("return x @ self.w", init=WEIGHT),
