@@ -15,6 +15,8 @@ the glue away:
 - torch's questions about how the code runs (`torch.jit.is_tracing()`, `torch.compiler.is_compiling()`)
   become `False` and their branches fold: a seed is the eager program, and the static policy
   refuses a forward that asks;
+- an import inside a function goes: what it binds is brought along as a free name, imported
+  at the top from the module's own imports (the policy allows imports only there);
 - two stdlib helpers the static policy does not allow are spelled without them:
   `isinstance(v, collections.abc.Iterable)` tests for a tuple or list (what a config holds),
   `functools.partial(f, a, k=v)` is `lambda *args, **kwargs: f(a, *args, k=v, **kwargs)`;
@@ -344,6 +346,8 @@ class _Glue(cst.CSTTransformer):
         return cst.Assign(targets=[cst.AssignTarget(updated.target)], value=updated.value)
 
     def leave_SimpleStatementLine(self, original, updated):
+        if any(isinstance(small, (cst.Import, cst.ImportFrom)) for small in updated.body):
+            return cst.RemoveFromParent()  # inside the definition: the free names come from the top
         for small in updated.body:
             if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
                 return cst.RemoveFromParent()  # a docstring or a bare string

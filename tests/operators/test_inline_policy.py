@@ -4,7 +4,7 @@ Library code asks how it runs (`torch.jit.is_tracing()`, `torch.compiler.is_comp
 to pick a tracing-friendly path; the static policy refuses a forward that asks. The inliner
 answers False, the eager path, and folds the branch away. It also spells two stdlib helpers
 the policy no longer allows (collections.abc.Iterable in isinstance, functools.partial)
-without them."""
+without them, and moves a function's own import to the top."""
 import sys
 import textwrap
 
@@ -32,6 +32,12 @@ LAYERS = textwrap.dedent('''
             return x * 2 if not torch.compiler.is_compiling() else x
 
 
+    def as_int(x):
+        import torch
+
+        return x.to(torch.int64) if torch.jit.is_tracing() else int(x)
+
+
     class Pairs(nn.Module):
         def __init__(self, size=3):
             super().__init__()
@@ -40,7 +46,7 @@ LAYERS = textwrap.dedent('''
             self.act = functools.partial(nn.functional.gelu, approximate="tanh")
 
         def forward(self, x):
-            return self.act(x) * len(self.size) * len(self.wide)
+            return self.act(x) * len(self.size) * as_int(len(self.wide))
 ''')
 
 
@@ -73,7 +79,7 @@ def test_run_mode_queries_fold_to_the_eager_path_and_pass_the_policy(layers):
 
 def test_stdlib_helpers_are_spelled_without_them(layers):
     code = inline(layers.Pairs, InlineRules("opsynth_run_mode_demo")).code
-    for gone in ("collections", "functools", "Iterable", "partial"):
+    for gone in ("collections", "functools", "Iterable", "partial", "    import torch"):
         assert gone not in code, (gone, code)
     assert screen_definitions(code) is None
     namespace = {}
