@@ -405,9 +405,10 @@ ITERATOR_MAKERS = frozenset({"map", "filter", "zip", "enumerate", "reversed"})
 
 class _Grammar:
     """Module level: imports, docstrings, `from __future__ import annotations`, constants
-    (numbers, bools, None, tuples of them, arithmetic of them and of earlier constants),
-    classes deriving from nn.Module and plain functions. Nothing else runs when the task is
-    loaded, so nothing else can hold state between calls."""
+    (numbers, bools, None, tuples of them, arithmetic of them and of earlier constants, and
+    lists of them: KernelBench's sizes for get_init_inputs), classes deriving from nn.Module
+    and plain functions. Nothing else runs when the task is loaded, so nothing else can hold
+    state between calls (and forward may change none of it, _Purity)."""
 
     def __init__(self, policy: _Policy):
         self.policy = policy
@@ -419,7 +420,7 @@ class _Grammar:
             if isinstance(statement, (ast.Import, ast.ImportFrom)) or _docstring(statement):
                 continue
             if isinstance(statement, ast.Assign):
-                self._constant_assignment(statement, self.constants, "module level")
+                self._constant_assignment(statement, self.constants, "module level", lists=True)
             elif isinstance(statement, ast.ClassDef):
                 self._class(statement)
             elif isinstance(statement, ast.FunctionDef):
@@ -432,31 +433,31 @@ class _Grammar:
             if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in self.policy.tree.body:
                 raise Rejected("forbidden_import", node, "an import inside a definition: import at the top of the file")
 
-    def _constant_assignment(self, node: ast.Assign, known: set[str], where: str) -> None:
-        names = [name for target in node.targets for name in _target_names(target)]
-        if names is None or not all(isinstance(t, (ast.Name, ast.Tuple)) for t in node.targets) \
-                or not self._constant(node.value, known):
-            raise Rejected("forbidden_call", node, f"{where} holds only constants (numbers, bools, None, tuples and "
-                           "lists of them, and arithmetic of those): build containers and tensors in __init__ or get_inputs")
-        known.update(names)
+    def _constant_assignment(self, node: ast.Assign, known: set[str], where: str, lists: bool = False) -> None:
+        if not all(isinstance(t, (ast.Name, ast.Tuple)) for t in node.targets) or not self._constant(
+                node.value, known, lists):
+            held = "tuples and lists" if lists else "tuples"
+            raise Rejected("forbidden_call", node, f"{where} holds only constants (numbers, bools, None, {held} of "
+                           "them, and arithmetic of those): build containers and tensors in __init__ or get_inputs")
+        known.update(name for target in node.targets for name in _target_names(target))
 
-    def _constant(self, node: ast.AST, known: set[str]) -> bool:
+    def _constant(self, node: ast.AST, known: set[str], lists: bool) -> bool:
+        constant = lambda child: self._constant(child, known, lists)  # noqa: E731
         if isinstance(node, ast.Constant):
             return node.value is None or isinstance(node.value, (bool, int, float, complex))
         if isinstance(node, ast.Name):
             return node.id in known
         if isinstance(node, ast.UnaryOp):
-            return self._constant(node.operand, known)
+            return constant(node.operand)
         if isinstance(node, ast.BinOp):
-            return self._constant(node.left, known) and self._constant(node.right, known)
-        if isinstance(node, (ast.Tuple, ast.List)):  # a list of sizes for get_init_inputs (forward may not change it)
-            return all(self._constant(element, known) for element in node.elts)
+            return constant(node.left) and constant(node.right)
+        if isinstance(node, ast.Tuple) or isinstance(node, ast.List) and lists:
+            return all(map(constant, node.elts))
         if isinstance(node, ast.Attribute):  # math.pi
             return self._dotted(node).startswith("math.")
         if isinstance(node, ast.Call) and not node.keywords:
             callee = node.func.id if isinstance(node.func, ast.Name) else self._dotted(node.func)
-            return ((callee in CONSTANT_CALLS or callee.startswith("math.")) and
-                    all(self._constant(arg, known) for arg in node.args))
+            return (callee in CONSTANT_CALLS or callee.startswith("math.")) and all(map(constant, node.args))
         return False
 
     def _dotted(self, node: ast.AST) -> str:

@@ -27,6 +27,10 @@ PAIRS = [
      make_task("return x", header="class Helper(nn.Module):\n    seen = {}"),
      make_task("return x", header="class Helper(nn.Module):\n    scale = 2.0"),
      "forbidden_call"),
+    ("a list as a class attribute (shared by every instance)",
+     make_task("return x", header="class Helper(nn.Module):\n    sizes = [1, 2]"),
+     make_task("return x", header="class Helper(nn.Module):\n    sizes = (1, 2)"),
+     "forbidden_call"),
     ("decorator",
      make_task("return twice(x)", header="def wrap(f):\n    return f\n@wrap\ndef twice(t):\n    return 2 * t"),
      make_task("return self.twice(x)").replace(METHOD, "    @staticmethod\n    def twice(t):\n        return 2 * t\n"
