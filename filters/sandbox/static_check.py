@@ -750,9 +750,9 @@ class _FunctionPurity:
         raise Rejected("impure_forward", node, f"{detail} (in {where})")
 
     def _node(self, node: ast.AST) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
+        if isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)) and not self._called_at_once(node):
             self._refuse(node, "a function made inside forward may close over state: define it at module level "
-                               "or as a method")
+                               "or as a method (a lambda called where it is written is fine)")
         elif isinstance(node, ast.Try):
             self._refuse(node, "no try/except: let errors propagate")
         elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -777,6 +777,11 @@ class _FunctionPurity:
         elif isinstance(node, ast.BoolOp):
             for operand in node.values[:-1]:
                 self._test(operand, f"{type(node.op).__name__.lower()} operand")
+
+    def _called_at_once(self, node: ast.AST) -> bool:
+        """`(lambda t: t * torch.sigmoid(t))(x)`: inline code, kept nowhere."""
+        parent = self.parents.get(node)
+        return isinstance(node, ast.Lambda) and isinstance(parent, ast.Call) and parent.func is node
 
     # writes
 

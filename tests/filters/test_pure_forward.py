@@ -86,7 +86,7 @@ PAIRS = [
      "impure_forward"),
     ("lambda in forward",
      make_task("f = lambda t: t * 2\nreturn f(x)"),
-     make_task("return self.twice(x)").replace(METHOD, "    def twice(self, t):\n        return t * 2\n\n" + METHOD),
+     make_task("return (lambda t: t * 2)(x)"),
      "impure_forward"),
     ("closure kept by __init__",
      make_task("self.bump()\nreturn x", init="calls = []\nself.bump = lambda: calls.append(1)"),
