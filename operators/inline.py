@@ -9,7 +9,9 @@ the glue away:
 - attributes of a constant object become literals (`config.hidden_size` -> `256`), and
   parameters and arguments that only carried that object disappear;
 - branches whose condition is now a literal are folded (`if "eager" != "eager": ...`),
-  including conditions on `self.x` attributes assigned a literal exactly once;
+  including conditions on `self.x` attributes assigned a literal exactly once and, given the
+  dtype a seed builds weights in, on a weight's dtype (`if self.weight.dtype in [torch.float16,
+  ...]`: forward may not change its weights, and the policy refuses a branch on a dtype);
 - the package's own decorators, all annotations and docstrings are dropped;
 - dropout becomes the identity (a seed is an inference program) and logger calls go;
 - torch's questions about how the code runs (`torch.jit.is_tracing()`, `torch.compiler.is_compiling()`)
@@ -68,6 +70,7 @@ class InlineRules:
     framework_base: Callable[[type], bool] = lambda cls: False  # base classes replaced by nn.Module
     hook: Hook | None = None
     none_names: frozenset[str] = frozenset()  # parameters a seed always leaves None (a cache)
+    weight_dtype: str | None = None  # the dtype a seed builds its weights in: `self.w.dtype` in a condition
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ def _rewrite(node: cst.CSTNode, index: _ModuleIndex, rules: InlineRules, extra_r
     dropout_attrs = _dropout_attributes(module.code)
     module = module.visit(_Glue(index, rules, extra_refs, dropout_attrs)).visit(_Fold())
     literals = _literal_self_attributes(module.code)
-    module = module.visit(_SelfConstants(literals, rules.none_names))
+    module = module.visit(_SelfConstants(literals, rules.none_names, rules.weight_dtype))
     module = module.visit(_Fold())
     code = module.code
     for constant in rules.constants:
@@ -459,19 +462,28 @@ class _SelfConstants(cst.CSTTransformer):
     """Pass 2: in a condition, `self.x` becomes its literal when x is assigned one exactly
     once, and a parameter the seed always leaves None becomes None."""
 
-    def __init__(self, literals: dict[str, str], none_names: frozenset[str]):
-        self.literals, self.none_names = literals, none_names
+    def __init__(self, literals: dict[str, str], none_names: frozenset[str], weight_dtype: str | None = None):
+        self.literals, self.none_names, self.weight_dtype = literals, none_names, weight_dtype
 
     def leave_If(self, original, updated):
-        return updated.with_changes(test=updated.test.visit(_ConditionLiterals(self.literals, self.none_names)))
+        return updated.with_changes(test=updated.test.visit(self._literals()))
 
     def leave_IfExp(self, original, updated):
-        return updated.with_changes(test=updated.test.visit(_ConditionLiterals(self.literals, self.none_names)))
+        return updated.with_changes(test=updated.test.visit(self._literals()))
+
+    def _literals(self):
+        return _ConditionLiterals(self.literals, self.none_names, self.weight_dtype)
+
+
+# torch's dtype names, as a condition compares them (an alias reads as its dtype's name)
+DTYPE_NAMES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16", "float32": "float32",
+               "float": "float32", "float64": "float64", "double": "float64", "int8": "int8", "uint8": "uint8",
+               "int16": "int16", "int32": "int32", "int": "int32", "int64": "int64", "long": "int64", "bool": "bool"}
 
 
 class _ConditionLiterals(cst.CSTTransformer):
-    def __init__(self, literals: dict[str, str], none_names: frozenset[str]):
-        self.literals, self.none_names = literals, none_names
+    def __init__(self, literals: dict[str, str], none_names: frozenset[str], weight_dtype: str | None = None):
+        self.literals, self.none_names, self.weight_dtype = literals, none_names, weight_dtype
         self.not_variables: set[int] = set()  # attribute and keyword names are not variable reads
 
     def visit_Attribute(self, node):
@@ -492,6 +504,10 @@ class _ConditionLiterals(cst.CSTTransformer):
             return cst.Name("False")  # a seed is an inference program
         if path.startswith("self.") and path[5:] in self.literals:
             return cst.parse_expression(self.literals[path[5:]])
+        if self.weight_dtype and path.startswith("self.") and path.endswith(".dtype"):
+            return cst.SimpleString(repr(self.weight_dtype))
+        if self.weight_dtype and path.startswith("torch.") and path[6:] in DTYPE_NAMES:
+            return cst.SimpleString(repr(DTYPE_NAMES[path[6:]]))
         return updated
 
 

@@ -159,7 +159,7 @@ def _prepare(cls: type, primary_config) -> InlinedOp | SkippedOp:
     call_args, layouts, helpers = inputs
     try:
         inlined = inline(cls, InlineRules(LIBRARY, constants, _is_framework_class, _transformers_hook,
-                                          frozenset(NONE_INPUTS)))
+                                          frozenset(NONE_INPUTS), weight_dtype="float32"))
     except NotSelfContained as missing:
         return skip("not_self_contained", f"needs {missing.args[0]}")
     except (cst.ParserSyntaxError, OSError, TypeError) as error:

@@ -32,6 +32,17 @@ LAYERS = textwrap.dedent('''
             return x * 2 if not torch.compiler.is_compiling() else x
 
 
+    class HalfAware(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            if self.weight.dtype in [torch.float16, torch.bfloat16]:
+                x = x.to(self.weight.dtype)
+            return self.weight * x
+
+
     def as_int(x):
         import torch
 
@@ -87,3 +98,12 @@ def test_stdlib_helpers_are_spelled_without_them(layers):
     x = torch.rand(4)
     for size in (3, (2, 5)):
         assert torch.equal(namespace["Pairs"](size)(x), layers.Pairs(size)(x))
+
+
+def test_a_branch_on_a_weights_dtype_folds_to_the_dtype_seeds_build_weights_in(layers):
+    """forward may not change its weights, so in a seed `self.weight.dtype` is the dtype the
+    seed builds weights in; the policy would refuse the branch."""
+    asked = inline(layers.HalfAware, InlineRules("opsynth_run_mode_demo")).code
+    assert screen_definitions(asked)[0] == "impure_forward"
+    code = inline(layers.HalfAware, InlineRules("opsynth_run_mode_demo", weight_dtype="float32")).code
+    assert "dtype" not in code and screen_definitions(code) is None
