@@ -9,9 +9,19 @@ the glue away:
 - attributes of a constant object become literals (`config.hidden_size` -> `256`), and
   parameters and arguments that only carried that object disappear;
 - branches whose condition is now a literal are folded (`if "eager" != "eager": ...`),
-  including conditions on `self.x` attributes assigned a literal exactly once;
+  including conditions on `self.x` attributes assigned a literal exactly once and, given the
+  dtype a seed builds weights in, on a weight's dtype (`if self.weight.dtype in [torch.float16,
+  ...]`: forward may not change its weights, and the policy refuses a branch on a dtype);
 - the package's own decorators, all annotations and docstrings are dropped;
 - dropout becomes the identity (a seed is an inference program) and logger calls go;
+- torch's questions about how the code runs (`torch.jit.is_tracing()`, `torch.compiler.is_compiling()`)
+  become `False` and their branches fold: a seed is the eager program, and the static policy
+  refuses a forward that asks;
+- an import inside a function goes: what it binds is brought along as a free name, imported
+  at the top from the module's own imports (the policy allows imports only there);
+- two stdlib helpers the static policy does not allow are spelled without them:
+  `isinstance(v, collections.abc.Iterable)` tests for a tuple or list (what a config holds),
+  `functools.partial(f, a, k=v)` is `lambda *args, **kwargs: f(a, *args, k=v, **kwargs)`;
 - a package-specific hook rewrites what only it understands (an activation table lookup).
 
 What remains must be torch, math, typing, a builtin or more inlined code; anything else
@@ -37,6 +47,11 @@ SILENCED_ROOTS = {"logger", "warnings"}
 PRESENTATION_METHODS = {"__repr__", "__str__", "extra_repr"}
 STANDARD_IMPORTS = {"torch": "import torch", "nn": "from torch import nn", "F": "import torch.nn.functional as F",
                     "math": "import math"}
+# Asked by library code to take a tracing- or compiler-friendly path; a seed is eager.
+RUN_MODE_QUERIES = frozenset({"torch.jit.is_tracing", "torch.jit.is_scripting", "torch.compiler.is_compiling",
+                              "torch.compiler.is_dynamo_compiling", "torch._dynamo.is_compiling",
+                              "torch.is_autocast_enabled"})
+ITERABLE_TYPES = {"collections.abc.Iterable", "collections.abc.Sequence", "typing.Iterable", "typing.Sequence"}
 MAX_DEFINITIONS = 24  # an op needing more than this many definitions is not a layer-level op
 
 
@@ -55,6 +70,7 @@ class InlineRules:
     framework_base: Callable[[type], bool] = lambda cls: False  # base classes replaced by nn.Module
     hook: Hook | None = None
     none_names: frozenset[str] = frozenset()  # parameters a seed always leaves None (a cache)
+    weight_dtype: str | None = None  # the dtype a seed builds its weights in: `self.w.dtype` in a condition
 
 
 @dataclass(frozen=True)
@@ -206,7 +222,7 @@ def _rewrite(node: cst.CSTNode, index: _ModuleIndex, rules: InlineRules, extra_r
     dropout_attrs = _dropout_attributes(module.code)
     module = module.visit(_Glue(index, rules, extra_refs, dropout_attrs)).visit(_Fold())
     literals = _literal_self_attributes(module.code)
-    module = module.visit(_SelfConstants(literals, rules.none_names))
+    module = module.visit(_SelfConstants(literals, rules.none_names, rules.weight_dtype))
     module = module.visit(_Fold())
     code = module.code
     for constant in rules.constants:
@@ -333,6 +349,8 @@ class _Glue(cst.CSTTransformer):
         return cst.Assign(targets=[cst.AssignTarget(updated.target)], value=updated.value)
 
     def leave_SimpleStatementLine(self, original, updated):
+        if any(isinstance(small, (cst.Import, cst.ImportFrom)) for small in updated.body):
+            return cst.RemoveFromParent()  # inside the definition: the free names come from the top
         for small in updated.body:
             if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
                 return cst.RemoveFromParent()  # a docstring or a bare string
@@ -360,6 +378,13 @@ class _Glue(cst.CSTTransformer):
     def leave_Call(self, original, updated):
         name = _dotted(updated.func)
         leaf = name.rsplit(".", 1)[-1]
+        if name in RUN_MODE_QUERIES and not updated.args:
+            return cst.Name("False")
+        if name == "isinstance" and len(updated.args) == 2 and self._imported(updated.args[1].value) in ITERABLE_TYPES:
+            return updated.with_changes(args=[updated.args[0], updated.args[1].with_changes(
+                value=cst.parse_expression("(tuple, list)"))])
+        if self._imported(updated.func) == "functools.partial" and updated.args:
+            return self._partial(updated)
         if name in ("getattr", "hasattr") and len(updated.args) >= 2 and _root_constant(updated.args[0].value, self.rules):
             holder = _root_constant(updated.args[0].value, self.rules)
             attr = ast.literal_eval(cst.Module([]).code_for_node(updated.args[1].value))
@@ -380,6 +405,29 @@ class _Glue(cst.CSTTransformer):
 
     def leave_Subscript(self, original, updated):
         return self._hooked(updated)
+
+    def _imported(self, node) -> str:
+        """The dotted name `node` spells, its root resolved through the module's imports
+        (`abc.Iterable` after `from collections import abc` is `collections.abc.Iterable`)."""
+        dotted = _dotted(node)
+        root, _, rest = dotted.partition(".")
+        words = self.index.import_lines.get(root, "").split()
+        if words[:1] == ["import"] and "as" in words:  # import a.b as root
+            return f"{words[1]}.{rest}" if rest else words[1]
+        if words[:1] == ["from"]:
+            return f"{words[1]}.{words[3]}" + (f".{rest}" if rest else "")
+        return dotted
+
+    @staticmethod
+    def _partial(node: cst.Call):
+        code = lambda part: cst.Module([]).code_for_node(part)  # noqa: E731
+        func, *given = node.args
+        positional = [code(arg.value) for arg in given if arg.keyword is None and not arg.star]
+        keywords = [f"{arg.keyword.value}={code(arg.value)}" for arg in given if arg.keyword is not None]
+        if len(positional) + len(keywords) != len(given):
+            return node  # *args or **kwargs given to partial: left as it is, and refused
+        call = ", ".join([*positional, "*args", *keywords, "**kwargs"])
+        return cst.parse_expression(f"lambda *args, **kwargs: {code(func.value)}({call})")
 
     def _hooked(self, node):
         if self.rules.hook is None:
@@ -414,19 +462,28 @@ class _SelfConstants(cst.CSTTransformer):
     """Pass 2: in a condition, `self.x` becomes its literal when x is assigned one exactly
     once, and a parameter the seed always leaves None becomes None."""
 
-    def __init__(self, literals: dict[str, str], none_names: frozenset[str]):
-        self.literals, self.none_names = literals, none_names
+    def __init__(self, literals: dict[str, str], none_names: frozenset[str], weight_dtype: str | None = None):
+        self.literals, self.none_names, self.weight_dtype = literals, none_names, weight_dtype
 
     def leave_If(self, original, updated):
-        return updated.with_changes(test=updated.test.visit(_ConditionLiterals(self.literals, self.none_names)))
+        return updated.with_changes(test=updated.test.visit(self._literals()))
 
     def leave_IfExp(self, original, updated):
-        return updated.with_changes(test=updated.test.visit(_ConditionLiterals(self.literals, self.none_names)))
+        return updated.with_changes(test=updated.test.visit(self._literals()))
+
+    def _literals(self):
+        return _ConditionLiterals(self.literals, self.none_names, self.weight_dtype)
+
+
+# torch's dtype names, as a condition compares them (an alias reads as its dtype's name)
+DTYPE_NAMES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16", "float32": "float32",
+               "float": "float32", "float64": "float64", "double": "float64", "int8": "int8", "uint8": "uint8",
+               "int16": "int16", "int32": "int32", "int": "int32", "int64": "int64", "long": "int64", "bool": "bool"}
 
 
 class _ConditionLiterals(cst.CSTTransformer):
-    def __init__(self, literals: dict[str, str], none_names: frozenset[str]):
-        self.literals, self.none_names = literals, none_names
+    def __init__(self, literals: dict[str, str], none_names: frozenset[str], weight_dtype: str | None = None):
+        self.literals, self.none_names, self.weight_dtype = literals, none_names, weight_dtype
         self.not_variables: set[int] = set()  # attribute and keyword names are not variable reads
 
     def visit_Attribute(self, node):
@@ -447,6 +504,10 @@ class _ConditionLiterals(cst.CSTTransformer):
             return cst.Name("False")  # a seed is an inference program
         if path.startswith("self.") and path[5:] in self.literals:
             return cst.parse_expression(self.literals[path[5:]])
+        if self.weight_dtype and path.startswith("self.") and path.endswith(".dtype"):
+            return cst.SimpleString(repr(self.weight_dtype))
+        if self.weight_dtype and path.startswith("torch.") and path[6:] in DTYPE_NAMES:
+            return cst.SimpleString(repr(DTYPE_NAMES[path[6:]]))
         return updated
 
 

@@ -159,7 +159,7 @@ def _prepare(cls: type, primary_config) -> InlinedOp | SkippedOp:
     call_args, layouts, helpers = inputs
     try:
         inlined = inline(cls, InlineRules(LIBRARY, constants, _is_framework_class, _transformers_hook,
-                                          frozenset(NONE_INPUTS)))
+                                          frozenset(NONE_INPUTS), weight_dtype="float32"))
     except NotSelfContained as missing:
         return skip("not_self_contained", f"needs {missing.args[0]}")
     except (cst.ParserSyntaxError, OSError, TypeError) as error:
@@ -239,7 +239,10 @@ def _is_framework_class(cls: type) -> bool:
 
 
 def _transformers_hook(node, code: str):
-    """ACT2FN["silu"] -> the activation it names; the eager attention interface -> its default."""
+    """ACT2FN["silu"] -> the activation it names; the eager attention interface -> its default;
+    transformers' own `is_torchdynamo_compiling()` -> False, as the inliner does for torch's."""
+    if isinstance(node, cst.Call) and code.startswith("is_torchdynamo_compiling(") and not node.args:
+        return "False", {}
     if isinstance(node, cst.Subscript) and code.startswith(("ACT2FN[", "ACT2CLS[")):
         return _activation(code[code.index("[") + 1:-1])
     if isinstance(node, cst.Call) and code.startswith(("get_activation(",)) and len(node.args) == 1:

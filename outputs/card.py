@@ -23,6 +23,7 @@ REJECT_GLOSSARY = {
     "forbidden_import": "imports a module outside the allowlist",
     "forbidden_call": "reaches the file system, processes, network or interpreter",
     "stochastic_op": "random op in forward",
+    "impure_forward": "forward keeps or writes state, branches on tensor values or asks how it runs",
     **SANDBOX_REASONS, **glossary(),
     "kernelbench_similar": "too close to a KernelBench task",
     "llm_error": "the LLM request failed for good", "no_code": "the answer held no code block",

@@ -1,32 +1,18 @@
-"""The static check: decide from the source alone, before any candidate code runs.
+"""The static check: a grammar of pure tensor programs, decided from the source alone.
 
-An allowlist of what a task may reach, not a list of names it may not write:
-- imports: torch and its op namespaces (nn, nn.functional, nn.init, fft, linalg, special),
-  a few pure stdlib modules, and, of an added op library, the modules that hold the run's
-  catalog ops; every alias and from-import is resolved, so `import torch as T; T.hub` is
-  `torch.hub`;
-- every attribute chain rooted at an import is resolved against the real module: it may pass
-  only through allowed namespaces and end at a public object that is not a module (module
-  objects are never values), not a denied call, and not something that leaves the run's
-  libraries (`dataclasses.builtins`, `torch.os`); nothing private lies past that object
-  (`torch.UntypedStorage._new_shared_filename_cpu`);
-- of an added library, a chain must end at one of the catalog's ops, exactly: a library's
-  other public names are its own business, and one helper is enough to hand a task the
-  interpreter (kornia's `LazyLoader("os")`);
-- builtins: a safe set; the rest (getattr, eval, open, type, vars, ...) may be neither used nor
-  shadowed, and no name an import binds may be bound again;
-- no dunder attribute, name or string ("__globals__" is a string too), no dunder method but
-  `__init__`, no frame or code object attribute, no metaclass, no global state, no async;
-- no private attribute of nn.Module's or a tensor's own (`self._modules`, `self._apply`),
-  only the task's own private names;
-- no attribute write rooted at a module, and none that replaces a tensor's or an
-  nn.Module's own method (`self.t.float = ...`, `self.named_parameters = ...`);
-- no stochastic op outside `__init__`, `reset_parameters`, `get_inputs` and
-  `get_init_inputs` (helpers called from forward included).
+A task is refused unless it is one: three passes, each raising the first refusal it finds.
+- _Policy, what a task may reach: imports of torch's op namespaces, math and the run's library
+  ops, every alias and attribute chain resolved on the real modules; no computed attribute
+  name (getattr, .format, names built at run time for register_buffer and the like); no
+  dunder, frame or private internals; no stochastic op outside __init__ and the input builders;
+- _Grammar, the shape of the module: imports, constants, nn.Module classes and plain functions;
+- _Purity, forward and everything it reaches: no state written or kept, no control flow on
+  tensor values, no questions about how it runs (device, dtype, compiling, storage).
+docs/sandbox.md says why each rule is there.
 
 Returns None for a task that may go to the sandbox, or (reason, detail) for one that may
-not. Reason codes: syntax_error, bad_interface, forbidden_import, forbidden_call,
-stochastic_op.
+not; the detail says what to write instead. Reason codes: syntax_error, bad_interface,
+forbidden_import, forbidden_call, stochastic_op, impure_forward.
 """
 from __future__ import annotations
 
@@ -42,8 +28,10 @@ import torch
 TORCH_NAMESPACES = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.fft",
                               "torch.linalg", "torch.special", "torch.masked", "torch.nn.utils", "torch.nn.utils.parametrize",
                               "torch.nn.utils.parametrizations"})
-STDLIB_MODULES = frozenset({"math", "typing", "numbers", "functools", "itertools", "collections",
-                            "collections.abc", "dataclasses", "enum", "operator"})
+# No stdlib helper that reaches attributes by name or runs source built from strings
+# (functools.update_wrapper, dataclasses, typing, operator.attrgetter, itertools' state):
+# math is pure functions of numbers.
+STDLIB_MODULES = frozenset({"math"})
 FUTURE_FEATURES = frozenset({"annotations"})
 # Reachable through an allowed namespace, and still denied: files, processes, global state,
 # code from strings, dynamic attribute access.
@@ -54,8 +42,9 @@ DENIED = frozenset({
     "torch.set_num_interop_threads", "torch.set_flush_denormal", "torch.set_warn_always", "torch.set_printoptions",
     "torch.set_float32_matmul_precision", "torch.set_deterministic_debug_mode", "torch.set_anomaly_enabled",
     "torch.fork_rng", "torch.typename", "torch.register_module_forward_hook", "torch.nn.utils.stateless",
-    "operator.attrgetter", "operator.methodcaller", "dataclasses.make_dataclass", "typing.get_type_hints",
-    "typing.ForwardRef", "typing.evaluate_forward_ref", "functools.singledispatch", "functools.singledispatchmethod",
+    "torch.prepare_multiprocessing_environment",
+    # its subscript is getattr on itself with the key: a computed attribute name
+    "torch.nn.ParameterDict",
 })
 # Attribute names denied on any object: files, shared memory, leaving torch, frames and code.
 DENIED_ATTRIBUTES = frozenset({
@@ -65,22 +54,29 @@ DENIED_ATTRIBUTES = frozenset({
     "func_globals", "register_module_forward_hook", "register_module_forward_pre_hook",
     "register_module_full_backward_hook", "register_module_buffer_registration_hook",
     "register_module_parameter_registration_hook", "register_module_module_registration_hook",
-    "with_traceback", "format_map",
+    "with_traceback",
+    # the format mini-language reaches attributes by name ("{0.__globals__}" built at run time)
+    "format", "format_map",
+    # an nn.Module's members by a dotted name held in a string
+    "get_submodule", "get_parameter", "get_buffer", "set_submodule",
 })
 SAFE_BUILTINS = frozenset({
     "abs", "all", "any", "bool", "callable", "chr", "complex", "dict", "divmod", "enumerate", "filter", "float",
-    "frozenset", "hasattr", "hash", "input", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max",
-    "min", "next", "object", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set", "slice",
+    "frozenset", "hasattr", "hash", "input", "int", "isinstance", "issubclass", "len", "list", "map", "max",
+    "min", "object", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set", "slice",
     "sorted", "staticmethod", "classmethod", "str", "sum", "super", "tuple", "zip", "NotImplemented", "Ellipsis",
     "True", "False", "None", "Exception", "ValueError", "TypeError", "RuntimeError", "NotImplementedError",
     "AssertionError", "KeyError", "IndexError", "AttributeError", "ZeroDivisionError", "ArithmeticError",
     "StopIteration", "bytes", "id", "format", "UserWarning", "Warning",
-})
+})  # not iter or next: an iterator kept between calls is state
 DANGEROUS_BUILTINS = frozenset(name for name in dir(builtins) if name not in SAFE_BUILTINS)
 ALLOWED_DUNDERS = frozenset({"__init__"})
-# Reachable only through a denied namespace, and harmless: what transformers layers ask.
-ALLOWED_OBJECTS = frozenset({"torch.jit.is_tracing", "torch.jit.is_scripting", "torch.compiler.is_compiling",
-                             "torch.compiler.is_dynamo_compiling"})
+# Calls that name an attribute of a module by a string: the name must be written out.
+NAME_ARGUMENTS = {"hasattr": (1, "name"), "register_buffer": (0, "name"), "register_parameter": (0, "name"), "add_module": (0, "name"),
+                  "register_module": (0, "name"), "weight_norm": (1, "name"), "spectral_norm": (1, "name"),
+                  "remove_weight_norm": (1, "name"), "remove_spectral_norm": (1, "name"), "orthogonal": (1, "name"),
+                  "register_parametrization": (1, "tensor_name"), "remove_parametrizations": (1, "tensor_name"),
+                  "is_parametrized": (1, "tensor_name"), "transfer_parametrizations_and_params": (2, "tensor_name")}
 # What the task's own code may set on a tensor or module it holds (everything else a tensor
 # or nn.Module has is a method the checks call).
 SETTABLE = frozenset({"data", "requires_grad", "training", "grad"})
@@ -131,8 +127,12 @@ def _interface(tree: ast.Module):
 
 
 def _check(tree: ast.Module, library_ops: frozenset[str]):
+    """What the task may reach first, then the shape of the module, then forward's purity."""
     try:
-        _Policy(tree, library_ops).check()
+        policy = _Policy(tree, library_ops)
+        policy.check()
+        _Grammar(policy).check()
+        _Purity(policy).check()
     except Rejected as rejected:
         return rejected.reason, str(rejected)
     return None
@@ -257,6 +257,7 @@ class _Policy:
             self._binds(node.name, node)
         elif isinstance(node, ast.Call):
             self._stochastic(node)
+            self._name_argument(node)
 
     def _definition(self, node) -> None:
         if node.name.startswith("__") and node.name not in ALLOWED_DUNDERS:
@@ -295,6 +296,8 @@ class _Policy:
             raise Rejected("forbidden_call", node, f"dunder access {attr!r}")
         if attr in DENIED_ATTRIBUTES:
             raise Rejected("forbidden_call", node, f".{attr} reaches the file system, the interpreter or leaves torch")
+        if attr == "type":
+            self._type_method(node)
         root, dotted = _chain(node)
         if root in self.modules:
             if isinstance(self.parents.get(node), ast.Attribute):
@@ -311,10 +314,23 @@ class _Policy:
             if attr in _PRIVATE_INTERNALS and attr not in self.own_private:
                 raise Rejected("forbidden_call", node, f"private attribute {attr!r} of nn.Module or a tensor")
 
+    def _type_method(self, node: ast.Attribute) -> None:
+        """Tensor.type and Storage.type import the dotted name a string gives them; given a
+        torch dtype (`.type(torch.float32)`) they convert, as `.to(dtype)` does."""
+        call = self.parents.get(node)
+        given = call.args + [kw.value for kw in call.keywords] if isinstance(call, ast.Call) and call.func is node else None
+        if given is None or not all(isinstance(_resolve(self._dotted(arg)), torch.dtype) for arg in given):
+            raise Rejected("forbidden_call", node, ".type() imports what a string names: convert with .to(dtype), "
+                                                   "or give .type a torch dtype (x.type(torch.float32))")
+
+    def _dotted(self, node: ast.AST) -> str:
+        root, dotted = _chain(node)
+        if root in self.modules:
+            return self.modules[root] + dotted[len(root):]
+        return self.objects[root] + dotted[len(root):] if root in self.objects else "?"
+
     def _module_chain(self, dotted: str, node) -> None:
         """`torch.nn.functional.relu`: every module on the way allowed, the end not a module."""
-        if dotted in ALLOWED_OBJECTS:
-            return
         parts = dotted.split(".")
         for end in range(1, len(parts) + 1):
             prefix = ".".join(parts[:end])
@@ -356,12 +372,660 @@ class _Policy:
         if leaf in STOCHASTIC_CALLS and self._enclosing_function(node) not in RANDOM_ALLOWED_IN:
             raise Rejected("stochastic_op", node, f"{leaf} outside __init__ and get_inputs makes the output random")
 
+    def _name_argument(self, node: ast.Call) -> None:
+        """`self.register_buffer(name, t)` and the like reach an attribute by the string they
+        are given; a name built at run time would be a computed attribute name."""
+        leaf = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(
+            node.func, ast.Name) else ""
+        if leaf not in NAME_ARGUMENTS:
+            return
+        index, keyword = NAME_ARGUMENTS[leaf]
+        given = [kw.value for kw in node.keywords if kw.arg == keyword]
+        given += node.args[index:index + 1] if len(node.args) > index else []
+        for value in given:
+            if not (isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value.isidentifier()
+                    and not value.value.startswith("_")):
+                raise Rejected("forbidden_call", node, f"{leaf} takes the attribute's name as a string: write it "
+                                                       f"out as a public name literal ({leaf}('weight', ...))")
+
     def _enclosing_function(self, node) -> str | None:
         while node in self.parents:
             node = self.parents[node]
             if isinstance(node, (ast.FunctionDef, ast.Lambda)):
                 return getattr(node, "name", "<lambda>")
         return None
+
+
+# -- the grammar: what the module, its classes and its functions may hold -------------------
+
+CONSTANT_CALLS = frozenset({"int", "float", "min", "max", "abs", "round"})  # of constants, at module level
+DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
+ITERATOR_MAKERS = frozenset({"map", "filter", "zip", "enumerate", "reversed"})
+
+
+class _Grammar:
+    """Module level: imports, docstrings, `from __future__ import annotations`, constants
+    (numbers, bools, None, tuples of them, arithmetic of them and of earlier constants, and
+    lists of them: KernelBench's sizes for get_init_inputs), classes deriving from nn.Module
+    and plain functions. Nothing else runs when the task is loaded, so nothing else can hold
+    state between calls (and forward may change none of it, _Purity)."""
+
+    def __init__(self, policy: _Policy):
+        self.policy = policy
+        self.constants: set[str] = set()
+        self.classes: set[str] = set()
+
+    def check(self) -> None:
+        for statement in self.policy.tree.body:
+            if isinstance(statement, (ast.Import, ast.ImportFrom)) or _docstring(statement):
+                continue
+            if isinstance(statement, ast.Assign):
+                self._constant_assignment(statement, self.constants, "module level", lists=True)
+            elif isinstance(statement, ast.ClassDef):
+                self._class(statement)
+            elif isinstance(statement, ast.FunctionDef):
+                self._function(statement)
+            else:
+                raise Rejected("forbidden_call", statement, f"a {type(statement).__name__} statement at module level: "
+                               "the module holds only imports, constants, classes and functions; "
+                               "build tensors in get_inputs or __init__")
+        for node in ast.walk(self.policy.tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in self.policy.tree.body:
+                raise Rejected("forbidden_import", node, "an import inside a definition: import at the top of the file")
+
+    def _constant_assignment(self, node: ast.Assign, known: set[str], where: str, lists: bool = False) -> None:
+        if not all(isinstance(t, (ast.Name, ast.Tuple)) for t in node.targets) or not self._constant(
+                node.value, known, lists):
+            held = "tuples and lists" if lists else "tuples"
+            raise Rejected("forbidden_call", node, f"{where} holds only constants (numbers, bools, None, {held} of "
+                           "them, and arithmetic of those): build containers and tensors in __init__ or get_inputs")
+        known.update(name for target in node.targets for name in _target_names(target))
+
+    def _constant(self, node: ast.AST, known: set[str], lists: bool) -> bool:
+        constant = lambda child: self._constant(child, known, lists)  # noqa: E731
+        if isinstance(node, ast.Constant):
+            return node.value is None or isinstance(node.value, (bool, int, float, complex))
+        if isinstance(node, ast.Name):
+            return node.id in known
+        if isinstance(node, ast.UnaryOp):
+            return constant(node.operand)
+        if isinstance(node, ast.BinOp):
+            return constant(node.left) and constant(node.right)
+        if isinstance(node, ast.Tuple) or isinstance(node, ast.List) and lists:
+            return all(map(constant, node.elts))
+        if isinstance(node, ast.Attribute):  # math.pi
+            return self._dotted(node).startswith("math.")
+        if isinstance(node, ast.Call) and not node.keywords:
+            callee = node.func.id if isinstance(node.func, ast.Name) else self._dotted(node.func)
+            return (callee in CONSTANT_CALLS or callee.startswith("math.")) and all(map(constant, node.args))
+        return False
+
+    def _dotted(self, node: ast.AST) -> str:
+        root, dotted = _chain(node)
+        if root in self.policy.modules:
+            return self.policy.modules[root] + dotted[len(root):]
+        if root in self.policy.objects:
+            return self.policy.objects[root] + dotted[len(root):]
+        return dotted
+
+    def _class(self, node: ast.ClassDef) -> None:
+        if node.decorator_list:
+            raise Rejected("forbidden_call", node, f"class {node.name} is decorated: write a plain class")
+        for base in node.bases:
+            if not (isinstance(base, ast.Name) and base.id in self.classes or self._module_class(base)):
+                raise Rejected("forbidden_call", node, f"class {node.name} must derive from nn.Module "
+                               "(or from a class the task defined before it)")
+        self.classes.add(node.name)
+        if not node.bases:
+            raise Rejected("forbidden_call", node, f"class {node.name} must derive from nn.Module")
+        attributes = set(self.constants)
+        for item in node.body:
+            if _docstring(item) or isinstance(item, ast.Pass):
+                continue
+            if isinstance(item, ast.Assign):
+                self._constant_assignment(item, attributes, f"the body of class {node.name}")
+            elif isinstance(item, ast.FunctionDef):
+                self._function(item)
+            else:
+                raise Rejected("forbidden_call", item, f"class {node.name} holds only methods and constants")
+
+    def _module_class(self, base: ast.AST) -> bool:
+        found = _resolve(self._dotted(base)) if isinstance(base, (ast.Name, ast.Attribute)) else _MISSING
+        return isinstance(found, type) and issubclass(found, torch.nn.Module) and found.__module__.startswith("torch.")
+
+    def _function(self, node: ast.FunctionDef) -> None:
+        for decorator in node.decorator_list:
+            if self._dotted(decorator.func if isinstance(decorator, ast.Call) else decorator) not in DECORATORS:
+                raise Rejected("forbidden_call", decorator, f"{node.name} is decorated: only staticmethod, "
+                               "classmethod, property and torch.no_grad() are allowed")
+
+
+def _docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _target_names(target: ast.AST) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, ast.Tuple):
+        return [name for element in target.elts for name in _target_names(element)]
+    return []
+
+
+# -- forward is a pure function -------------------------------------------------------------
+
+# Methods that change their receiver in place (a tensor's `*_` methods are found by name;
+# set.add and list.sort are not here: Tensor.add and Tensor.sort return new tensors).
+MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "popitem",
+                      "discard", "reverse", "register_buffer", "register_parameter", "add_module",
+                      "register_module", "train", "eval", "apply", "requires_grad_", "zero_grad", "load_state_dict",
+                      "set_extra_state", "register_forward_hook", "register_forward_pre_hook",
+                      "register_full_backward_hook", "register_full_backward_pre_hook", "register_hook", "set_",
+                      "resize_", "resize_as_"})
+_TENSOR_METHODS = frozenset(dir(torch.Tensor))
+# Asking how the code runs rather than computing: the answer differs between eager, compiled,
+# traced and meta runs, and a task could behave only while it is checked.
+INTROSPECTION = frozenset({
+    "data_ptr", "storage", "untyped_storage", "storage_offset", "get_device", "requires_grad", "grad_fn",
+    "element_size", "itemsize", "nbytes", "are_deterministic_algorithms_enabled", "get_num_threads",
+    "get_default_device", "get_autocast_dtype", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype", "_version",
+    "is_deterministic_algorithms_warn_only_enabled", "device_count", "current_device"})
+# torch's own `is_*` questions (x.is_cuda, torch.is_grad_enabled, x.is_floating_point, ...); a
+# layer's own `self.is_causal` is its config
+INTROSPECTION |= frozenset(name for name in {*dir(torch), *dir(torch.Tensor), *dir(torch.nn.Module)}
+                           if name.startswith("is_") and name != "is_same_size")
+PASSED_ON = frozenset({"device", "dtype"})  # may be passed to a call, never inspected or branched on
+DATA_TO_PYTHON = frozenset({"item", "tolist"})
+SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
+SHAPE_METHODS = frozenset({"size", "dim", "numel", "ndimension", "nelement"})
+CLEAN_CALLS = frozenset({"hasattr", "len", "int", "float", "min", "max", "abs", "round", "tuple", "list", "range", "sum", "divmod",
+                         "pow", "all", "any", "bool", "sorted", "reversed", "enumerate", "zip"})
+TENSOR_VALUED = frozenset({"weight", "bias", "data", "grad", "T", "mT", "H", "mH", "real", "imag"})
+# Methods that return a view or the same object: what they return belongs to their receiver.
+ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "squeeze", "unsqueeze",
+                      "expand", "expand_as", "narrow", "select", "detach", "contiguous", "flatten", "unflatten",
+                      "as_strided", "to", "float", "half", "double", "bfloat16", "type_as", "unbind", "split",
+                      "chunk", "movedim", "moveaxis", "swapaxes", "swapdims", "diagonal", "get", "values", "items",
+                      "keys", "unfold", "tensor_split", "hsplit", "vsplit", "squeeze_", "unsqueeze_"})
+INIT_NAMESPACE = "torch.nn.init."
+
+
+class _Purity:
+    """forward, and every function and method it can reach, is a pure function of its inputs
+    and of what __init__ built: it writes no state (self, module globals, its inputs, a
+    closure), keeps none between calls (iterators, generators), branches only on constants,
+    config, shapes and `is None`, and never asks how it runs (device, dtype, compiling)."""
+
+    def __init__(self, policy: _Policy):
+        self.policy = policy
+        self.tree = policy.tree
+        self.parents = policy.parents
+        self.definitions: dict[str, list[ast.FunctionDef]] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.FunctionDef):
+                self.definitions.setdefault(node.name, []).append(node)
+        self.module_names = {name for node in self.tree.body for name in (
+            [node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else
+            [n for t in node.targets for n in _target_names(t)] if isinstance(node, ast.Assign) else [])}
+        self.constructors = {node.name: [item for item in node.body if isinstance(item, ast.FunctionDef)
+                                         and item.name == "__init__"]
+                             for node in ast.walk(self.tree) if isinstance(node, ast.ClassDef)}
+        self.tensor_attributes = self._tensor_attributes()
+        self.containers = {target.attr for node in ast.walk(self.tree) if isinstance(node, ast.Assign) and _container(
+            node.value) for target in node.targets if isinstance(target, ast.Attribute)}
+
+    def check(self) -> None:
+        self._no_kept_iterators()
+        for function, constructing in self._reachable():
+            _FunctionPurity(self, function, constructing).check()
+
+    # which functions forward can reach
+
+    def _reachable(self) -> list[tuple[ast.AST, bool]]:
+        """forward methods, the functions they name, lambdas kept as values and functions kept
+        as values or handed to a hook: every function that may run inside a call of forward,
+        each with whether it runs as the constructor of a task class built there (whose
+        `self` is a new object, its own to set)."""
+        roots = [(node, False) for node in self.definitions.get("forward", [])]
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Lambda) and not _handed_to_apply(node, self.parents):
+                roots.append((node, False))  # even one given to a constructor, which may keep it
+            elif self._kept_function(node):
+                roots.extend((f, False) for f in self.definitions[node.id if isinstance(node, ast.Name) else node.attr])
+        seen, order = set(), []
+        while roots:
+            function, constructing = roots.pop()
+            if (id(function), constructing) in seen:
+                continue
+            seen.add((id(function), constructing))
+            order.append((function, constructing))
+            for node in ast.walk(function):
+                name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+                if not (constructing and name == "__init__"):  # super().__init__() of a new object
+                    roots.extend((f, False) for f in self.definitions.get(name, []))
+                roots.extend((f, True) for f in self.constructors.get(name, []))
+        return order
+
+    def _kept_function(self, node: ast.AST) -> bool:
+        """A task function named as a value, not called: kept to be called later, unless
+        handed to nn.Module.apply (which calls it at once, in __init__)."""
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if name not in self.definitions or not isinstance(getattr(node, "ctx", None), ast.Load):
+            return False
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.Call) and parent.func is node:
+            return False
+        if isinstance(parent, ast.Attribute):
+            return False  # `self.helper.x`: an attribute of it, read not kept
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.attr == "apply":
+            return False
+        return True
+
+    def _tensor_attributes(self) -> set[str]:
+        """`self.x` that hold tensors: set from nn.Parameter or a torch call, or registered."""
+        found = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                callee = _Grammar(self.policy)._dotted(node.value.func)
+                leaf = callee.rsplit(".", 1)[-1]
+                if callee.startswith("torch.") and (leaf[:1].islower() or leaf in ("Parameter", "Buffer")):
+                    found.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "register_buffer", "register_parameter") and node.args and isinstance(node.args[0], ast.Constant):
+                found.add(node.args[0].value)
+        return found
+
+    def _no_kept_iterators(self) -> None:
+        """An iterator kept in a name or an attribute is state: each call would take the next
+        value. Iterators are consumed where they are made."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                raise Rejected("impure_forward", node, "a generator keeps its place between calls: return a value")
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) else None
+            unpacked = isinstance(node, ast.Assign) and all(isinstance(t, (ast.Tuple, ast.List)) for t in node.targets)
+            if value is not None and _makes_iterator(value) and not unpacked:
+                raise Rejected("impure_forward", node, "an iterator kept in a variable keeps state between calls: "
+                               "consume it where it is made (for ... in, tuple(...), torch.stack([...]))")
+            if isinstance(node, ast.Attribute) and self._kept_mutator(node):
+                raise Rejected("impure_forward", node, f".{node.attr} kept as a value changes its object when called "
+                               "later: call it where it is used")
+
+    def _kept_mutator(self, node: ast.Attribute) -> bool:
+        if not (node.attr in MUTATORS or _in_place(node.attr)) or not isinstance(node.ctx, ast.Load):
+            return False
+        parent = self.parents.get(node)
+        return not (isinstance(parent, ast.Call) and parent.func is node)
+
+
+def _container(node: ast.AST) -> bool:
+    return isinstance(node, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) or isinstance(
+        node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("list", "dict", "set", "sorted")
+
+
+def _handed_to_apply(node: ast.AST, parents: dict) -> bool:
+    """`self.apply(lambda m: ...)`: nn.Module.apply calls it at once, in __init__."""
+    call = parents.get(node)
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "apply"
+
+
+def _immutable(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Constant, ast.Name, ast.Attribute)):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _immutable(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _immutable(node.left) and _immutable(node.right)
+    return isinstance(node, ast.Tuple) and all(_immutable(e) for e in node.elts)
+
+
+def _names_outside_shapes(node: ast.AST):
+    """The names `node` reads other than for a shape: `x` in `f(x)`, not in `f(x.shape[1])`."""
+    if isinstance(node, ast.Attribute) and node.attr in SHAPE_ATTRIBUTES:
+        return
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SHAPE_METHODS:
+        for arg in node.args:
+            yield from _names_outside_shapes(arg)
+        return
+    if isinstance(node, ast.Name):
+        yield node.id
+    for child in ast.iter_child_nodes(node):
+        yield from _names_outside_shapes(child)
+
+
+def _device_or_dtype(node: ast.AST) -> bool:
+    """`x.dtype`, `q.dtype, k.dtype`, `a.device if a is not None else b.device`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in PASSED_ON
+    if isinstance(node, ast.Tuple):
+        return any(map(_device_or_dtype, node.elts))
+    return isinstance(node, ast.IfExp) and (_device_or_dtype(node.body) or _device_or_dtype(node.orelse))
+
+
+def _makes_iterator(node: ast.AST) -> bool:
+    if isinstance(node, ast.GeneratorExp):
+        return True
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ITERATOR_MAKERS)
+
+
+def _in_place(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_") and name in _TENSOR_METHODS
+
+
+class _FunctionPurity:
+    """The purity rules over one function that forward can reach."""
+
+    def __init__(self, purity: _Purity, function: ast.AST, constructing: bool = False):
+        self.purity, self.function, self.constructing = purity, function, constructing
+        self.parents = purity.parents
+        self.name = getattr(function, "name", "<lambda>")
+        args = function.args
+        self.parameters = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                           *filter(None, [args.vararg, args.kwarg])]}
+        # forward's parameters without a default are the task's inputs, tensors: not config
+        defaulted = {a.arg for a in [*args.posonlyargs, *args.args][len(args.posonlyargs) + len(args.args)
+                                                                     - len(args.defaults):]}
+        defaulted |= {a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None}
+        self.config_parameters = self.parameters if self.name != "forward" else (defaulted | {"self", "cls"})
+        self.body = list(ast.walk(function))
+        self.assignments: dict[str, list[ast.AST]] = {}  # local name -> the values bound to it (None: unknown)
+        for node in self.body:
+            for name, value in _bindings(node):
+                self.assignments.setdefault(name, []).append(value)
+        self.clean = self._clean_locals()
+        self.passed_on = {name for node in self.body if isinstance(node, ast.Assign) and _device_or_dtype(node.value)
+                          for target in node.targets for name in _target_names(target)}
+
+    def check(self) -> None:
+        for default in [*self.function.args.defaults, *filter(None, self.function.args.kw_defaults)]:
+            if not _immutable(default):
+                self._refuse(default, "a default argument is built once and shared by every call: default to None "
+                                      "(or a constant) and build it in the body")
+        for node in self.body:
+            if node is self.function:
+                continue
+            self._node(node)
+
+    def _refuse(self, node: ast.AST, detail: str):
+        where = "forward" if self.name == "forward" else f"{self.name}, which forward runs"
+        raise Rejected("impure_forward", node, f"{detail} (in {where})")
+
+    def _node(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)) and not self._called_at_once(node):
+            self._refuse(node, "a function made inside forward may close over state: define it at module level "
+                               "or as a method (a lambda called where it is written is fine)")
+        elif isinstance(node, ast.Try):
+            self._refuse(node, "no try/except: let errors propagate")
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            self._write(node, node, "assigns to")
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            self._write(node, node.target, "changes in place")
+        elif isinstance(node, ast.Call):
+            self._call(node)
+        elif isinstance(node, ast.Attribute):
+            self._attribute(node)
+        elif isinstance(node, ast.Name) and node.id in self.passed_on and isinstance(node.ctx, ast.Load):
+            self._passed_on(node, node.id)
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+            self._test(node.test, {ast.If: "if", ast.While: "while", ast.IfExp: "conditional expression",
+                                   ast.Assert: "assert"}[type(node)])
+        elif isinstance(node, ast.comprehension):
+            for condition in node.ifs:
+                self._test(condition, "comprehension's if")
+            self._range(node.iter)
+        elif isinstance(node, ast.For):
+            self._range(node.iter)
+        elif isinstance(node, ast.BoolOp):
+            for operand in node.values[:-1]:
+                self._test(operand, f"{type(node.op).__name__.lower()} operand")
+
+    def _called_at_once(self, node: ast.AST) -> bool:
+        """`(lambda t: t * torch.sigmoid(t))(x)`: inline code, kept nowhere."""
+        parent = self.parents.get(node)
+        return isinstance(node, ast.Lambda) and isinstance(parent, ast.Call) and parent.func is node
+
+    # writes
+
+    def _write(self, node: ast.AST, target: ast.AST, how: str) -> None:
+        owner, name = self._owner(target, node)
+        if owner == "self":
+            self._refuse(node, f"forward {how} {ast.unparse(target)}: a model keeps no state between calls; compute "
+                               "it from the inputs (build buffers and caches once, in __init__)")
+        if owner == "input":
+            self._refuse(node, f"forward {how} its input {name!r}: work on a new tensor (y = {name}.clone(), or the "
+                               "out-of-place op)")
+        if owner == "outer":
+            self._refuse(node, f"forward {how} {name!r}, which outlives the call: keep values local and return them")
+
+    def _owner(self, node: ast.AST, at: ast.AST, seen: frozenset = frozenset()) -> tuple[str, str]:
+        """Who owns the object `node` evaluates to: 'self', 'input' (a parameter not yet
+        rebound), 'outer' (a name from outside the function) or 'fresh' (made here)."""
+        while True:
+            if isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+                node = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ALIASING:
+                node = node.func.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super":
+                return "self", "self"
+            elif isinstance(node, ast.Call) and self._own_function(node.func):
+                # `self.cache_of(x).append(...)`: what a task function returns may be what it was given
+                given = [*node.args, *(kw.value for kw in node.keywords)]
+                given += [node.func.value] if isinstance(node.func, ast.Attribute) else []
+                owners = [self._owner(arg, at, seen) for arg in given]
+                return next((owner for owner in owners if owner[0] != "fresh"), ("fresh", ""))
+            else:
+                break
+        if not isinstance(node, ast.Name):
+            return "fresh", ""
+        name = node.id
+        if name in ("self", "cls") and name in self.parameters:
+            return ("fresh", name) if self.constructing else ("self", name)
+        if name in seen:
+            return "fresh", name
+        before = [value for value in self.assignments.get(name, []) if _position(value) < _position(at)] \
+            if name in self.parameters else self.assignments.get(name, [])
+        if name in self.parameters and not before:
+            return "input", name
+        if name not in self.parameters and name not in self.assignments:
+            return "outer", name  # a module-level name, a builtin or a closure's
+        for value in before:
+            owner = ("fresh", name) if value is None else self._owner(value, at, seen | {name})
+            if owner[0] != "fresh":
+                return owner[0], owner[1] or name
+        return "fresh", name
+
+    def _call(self, node: ast.Call) -> None:
+        dotted = _Grammar(self.purity.policy)._dotted(node.func)
+        leaf = dotted.rsplit(".", 1)[-1]
+        if dotted.startswith(INIT_NAMESPACE) or (isinstance(node.func, ast.Name) and dotted.startswith(INIT_NAMESPACE)):
+            self._refuse(node, f"{dotted} re-draws or overwrites weights on every call: initialise in __init__")
+        if any(kw.arg == "out" for kw in node.keywords):
+            self._refuse(node, "out= writes into a tensor the caller holds: return the result instead")
+        receiver = None
+        if isinstance(node.func, ast.Attribute) and (node.func.attr in MUTATORS or _in_place(node.func.attr)):
+            root, _ = _chain(node.func.value)
+            through_module = root in self.purity.policy.modules or root in self.purity.policy.objects
+            if through_module and _in_place(node.func.attr) or root in ("list", "dict", "set"):
+                receiver = node.args[0] if node.args else None  # torch.Tensor.add_(t, 1), list.append(l, 1)
+            elif not through_module:  # torch.add(x, y) adds; set.add would change the set
+                receiver = node.func.value
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in ("add", "sort") and self._container(node.func.value):
+            receiver = node.func.value  # set.add, list.sort: a container the task built, not a tensor
+        elif isinstance(node.func, ast.Name) and _in_place(leaf) and node.args:
+            receiver = node.args[0]
+        elif (dotted.startswith("torch.") and _in_place(leaf) and node.args) or any(
+                kw.arg == "inplace" and not (isinstance(kw.value, ast.Constant) and not kw.value.value)
+                for kw in node.keywords):
+            receiver = node.args[0] if node.args else None
+        if receiver is not None:
+            self._write(node, receiver, f"calls {leaf or 'an in-place op'} on")
+            if leaf in MUTATORS and not _in_place(leaf) and not self._made_here(receiver):
+                self._refuse(node, f"forward calls {leaf} on {ast.unparse(receiver)[:40]}, a container it did not "
+                                   "build in this call: build lists and dicts locally (outs = []) and return results")
+
+    # introspection
+
+    def _attribute(self, node: ast.Attribute) -> None:
+        attr = node.attr
+        if attr in DATA_TO_PYTHON:
+            self._refuse(node, f".{attr}() turns tensor values into Python values forward then depends on: keep them "
+                               "tensors (torch.where, masks, reductions)")
+        if attr in INTROSPECTION and isinstance(node.ctx, ast.Load):
+            self._refuse(node, f".{attr} asks how the code runs, not what it computes: write one path for every "
+                               "device, dtype and mode (use x.shape, not x.device)")
+        if attr in PASSED_ON and isinstance(node.ctx, ast.Load):
+            self._passed_on(node, f".{attr}")
+
+    def _passed_on(self, node: ast.AST, what: str) -> None:
+        """x.device and x.dtype go straight into a call (torch.zeros(n, device=x.device)) or
+        into a local kept for one; they are never inspected, compared or branched on."""
+        parent = self.parents.get(node)
+        while isinstance(parent, ast.Tuple) or isinstance(parent, ast.IfExp) and node is not parent.test:
+            node, parent = parent, self.parents.get(parent)  # q_type, k_type = q.dtype, k.dtype
+        if isinstance(parent, ast.Assign) and all(isinstance(n, (ast.Name, ast.Tuple, ast.Store))
+                                                  for t in parent.targets for n in ast.walk(t)):
+            return
+        call = self.parents.get(parent) if isinstance(parent, ast.keyword) else parent
+        # str(x.device), print(...), bool(...): a builtin turns it into a value to inspect
+        if isinstance(call, ast.Call) and (node in call.args or parent in call.keywords) and not (
+                isinstance(call.func, ast.Name) and call.func.id in SAFE_BUILTINS):
+            return
+        self._refuse(node, f"{what} may only be passed to a call (torch.zeros(n, device=x.device)); do not inspect, "
+                           "compare or branch on it: write one path for every device and dtype")
+
+    # control flow
+
+    def _range(self, iterable: ast.AST) -> None:
+        if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range":
+            for arg in iterable.args:
+                self._test(arg, "loop's range")
+
+    def _test(self, node: ast.AST, kind: str) -> None:
+        for leaf in ast.walk(node):  # name the introspection, when that is what the test reads
+            if isinstance(leaf, ast.Attribute):
+                self._attribute(leaf)
+            elif isinstance(leaf, ast.Name) and leaf.id in self.passed_on:
+                self._passed_on(leaf, leaf.id)
+        if not self._is_clean(node):
+            self._refuse(node, f"the {kind} reads tensor values ({ast.unparse(node)[:60]}): Python control flow may "
+                               "depend only on constants, self's config, shapes (x.shape, x.size(), len) and `is None`; "
+                               "choose by value with torch.where")
+
+    def _is_clean(self, node: ast.AST) -> bool:
+        """Known without looking at a tensor's values."""
+        if isinstance(node, ast.Constant):
+            return True
+        if isinstance(node, ast.Name):
+            return node.id in self.config_parameters or node.id in self.clean or node.id in self.purity.module_names or (
+                node.id not in self.assignments and node.id in SAFE_BUILTINS)
+        if isinstance(node, ast.Attribute):
+            if node.attr in SHAPE_ATTRIBUTES:
+                return True
+            root, dotted = _chain(node)
+            if root in self.purity.policy.modules:
+                return True
+            if root == "self" and node.attr not in TENSOR_VALUED and node.attr not in self.purity.tensor_attributes:
+                return all(isinstance(n, (ast.Attribute, ast.Name, ast.Load)) for n in ast.walk(node))
+            return False
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            return True
+        if isinstance(node, ast.Call):
+            func = node.func
+            arguments = [*node.args, *(kw.value for kw in node.keywords)]
+            if isinstance(func, ast.Name) and func.id == "isinstance":
+                return True
+            if isinstance(func, ast.Attribute) and func.attr in SHAPE_METHODS:
+                return all(map(self._is_clean, arguments))
+            if isinstance(func, ast.Name) and func.id in CLEAN_CALLS and func.id not in self.assignments:
+                return all(map(self._is_clean, arguments))
+            if _Grammar(self.purity.policy)._dotted(func).startswith("math."):
+                return all(map(self._is_clean, arguments))
+            return self._own_function_of_config(func, arguments)
+        if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List, ast.IfExp,
+                             ast.Subscript, ast.Slice, ast.Starred, ast.NamedExpr)):
+            return all(self._is_clean(child) for child in ast.iter_child_nodes(node)
+                       if not isinstance(child, (ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)))
+        return False
+
+    def _container(self, node: ast.AST) -> bool:
+        """A module-level list, or a self attribute the task sets to a container."""
+        if isinstance(node, ast.Name):
+            return node.id in self.purity.module_names and node.id not in self.assignments
+        return isinstance(node, ast.Attribute) and _chain(node)[0] == "self" and node.attr in self.purity.containers
+
+    def _made_here(self, node: ast.AST) -> bool:
+        """A local bound to a container built in this call (`outs = []`, `list(...)`); that
+        none of its bindings is an outside object, _write has checked."""
+        values = self.assignments.get(node.id) if isinstance(node, ast.Name) else None
+        return bool(values) and node.id not in self.parameters and any(map(_container, values))
+
+    def _own_function(self, func: ast.AST) -> bool:
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        return name in self.purity.definitions
+
+    def _own_function_of_config(self, func: ast.AST, arguments: list[ast.AST]) -> bool:
+        """`self.compute_padding(width, self.kernel_size[1])`: a task function (itself checked)
+        given only constants, config and shapes, never a tensor it was handed."""
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name not in self.purity.definitions or isinstance(func, ast.Attribute) and _chain(func)[0] != "self":
+            return False
+        handed = {name for arg in arguments for name in _names_outside_shapes(arg)}
+        return all(map(self._is_clean, arguments)) and not handed & (self.parameters - {"self", "cls"})
+
+    def _clean_locals(self) -> set[str]:
+        """Locals every binding of which is clean (a fixed point: `n = x.shape[0]; m = n * 2`)."""
+        clean = {name for name in self.assignments if name not in self.parameters}
+        changed = True
+        while changed:
+            changed = False
+            self.clean = clean
+            for name in list(clean):
+                if not all(value is not None and self._is_clean(value) for value in self.assignments[name]):
+                    clean.discard(name)
+                    changed = True
+        return clean
+
+
+def _bindings(node: ast.AST):
+    """(name, the value it is bound to, or None when unknown) for what `node` binds."""
+    if isinstance(node, ast.Assign):
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                yield target.id, node.value
+            else:
+                for name in _target_names(target):  # a, b = x.shape[:2]
+                    yield name, node.value if _is_shape_tuple(node.value) else None
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+        yield node.target.id, node.value if isinstance(node, ast.AnnAssign) else ast.copy_location(
+            ast.BinOp(node.target, node.op, node.value), node)
+    elif isinstance(node, ast.NamedExpr):
+        yield node.target.id, node.value
+    elif isinstance(node, (ast.For, ast.comprehension)):
+        maker = node.iter.func.id if isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) else ""
+        names = _target_names(node.target)
+        for index, name in enumerate(names):
+            if maker == "range" and node.iter.args:
+                yield name, node.iter.args[-1]
+            elif maker == "enumerate" and index == 0 and isinstance(node.target, ast.Tuple):
+                yield name, ast.Constant(0)  # the count, not the item
+            else:
+                yield name, None
+    elif isinstance(node, (ast.With,)):
+        for item in node.items:
+            for name in _target_names(item.optional_vars) if item.optional_vars else []:
+                yield name, None
+    elif isinstance(node, ast.ExceptHandler) and node.name:
+        yield node.name, None
+
+
+def _is_shape_tuple(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr in SHAPE_ATTRIBUTES or isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and n.func.attr in SHAPE_METHODS for n in ast.walk(node)) and not any(
+        isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and n.func.attr in SHAPE_METHODS)
+        for n in ast.walk(node))
+
+
+def _position(node: ast.AST | None) -> tuple[int, int]:
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0)) if node is not None else (0, 0)
 
 
 class _LibraryOps:

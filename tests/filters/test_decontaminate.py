@@ -251,7 +251,9 @@ def test_every_rewrite_of_a_reference_task_is_caught(kind, traced_reference, poo
     index, cache = traced_reference
     for path in sorted((REFERENCE / "level2").glob("*.py")):
         original, copy = path.read_text(), REWRITES[kind](path.read_text())
-        assert static_check(copy) is None, (kind, path.name, static_check(copy))
+        # a branch on the data is refused by the static check too; decontamination catches it alone
+        verdict = static_check(copy)
+        assert verdict is None or kind in ("guarded", "rewritten") and verdict[0] == "impure_forward", verdict
         a, b = _outputs(original), _outputs(copy)
         assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a, b)), (kind, path.name)
         match = index.match(traced_fingerprint(copy, f"{kind} of {path.name}", pool, cache), 0.9)

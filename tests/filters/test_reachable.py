@@ -127,3 +127,18 @@ def test_the_walk_finds_a_route_where_there_is_one():
     assert found["leaky.helper.func"] == "a function of posix"
     assert found["leaky.loader"] == "the module importlib"
     assert found["kornia.core.external.subprocess"] == "the module subprocess"
+
+
+DROPPED_STDLIB = ("functools", "itertools", "typing", "dataclasses", "collections", "enum", "operator", "numbers")
+
+
+def test_no_stdlib_helper_is_a_start():
+    """functools.update_wrapper sets attributes by name, dataclasses and typing run source
+    built from strings: none of them is importable, and none is a start through torch
+    either (`torch.nn.init.TypeVar` is typing's)."""
+    assert policy.STDLIB_MODULES == {"math"}
+    for module in DROPPED_STDLIB:
+        assert policy.static_check(make_task("return x", header=f"import {module}"))[0] == "forbidden_import"
+    homes = {getattr(found, "__module__", None) for _, found in _starts() if callable(found)}
+    assert not {home for home in homes if isinstance(home, str) and home.split(".")[0] in DROPPED_STDLIB}
+    assert policy.static_check(make_task("return x", header="from torch.nn.init import TypeVar"))[0] == "forbidden_call"

@@ -85,7 +85,7 @@ def test_nothing_private_past_an_object_nor_of_nn_modules_own(forward):
 
 def test_a_tasks_own_private_names_stay_allowed():
     code = make_task("return self._scaled(x) * self._gain", init="self._gain = 2.0",
-                     header="\n\nclass Helper:\n    pass\n")
+                     header="\n\nclass Helper(nn.Module):\n    pass\n")
     code = code.replace("    def forward(self, x):", "    def _scaled(self, x):\n        return x * 3\n\n    def forward(self, x):")
     assert static_check(code) is None
 
@@ -159,7 +159,9 @@ IMPORTS = {
 def test_each_escape_route_is_refused(route):
     code = make_task(ESCAPES[route], header=ESCAPE_HEADERS.get(route, ""))
     rejected = static_check(code)
-    assert rejected is not None and rejected[0] == "forbidden_call", (route, rejected)
+    # dataclasses and operator are no longer importable at all
+    expected = "forbidden_import" if route in ESCAPE_HEADERS else "forbidden_call"
+    assert rejected is not None and rejected[0] == expected, (route, rejected)
 
 
 @pytest.mark.parametrize("route", sorted(IMPORTS))
