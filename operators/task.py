@@ -14,6 +14,7 @@ import torch
 
 from operators.layouts import Layout, Weight, resolve
 from operators.records import MODULE, OpSpec
+from operators.roles import needs_conditioned_matrix
 
 HEADER_IMPORTS = ("import torch", "import torch.nn as nn", "import torch.nn.functional as F")
 ALIASES = (("torch.nn.functional.", "F."), ("torch.nn.", "nn."), ("torch.", "torch."))
@@ -133,9 +134,19 @@ def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) ->
     lines += [f"{dim} = {size}" for dim, size in zip(layout.dims, sizes)]
     lines += [f"{name} = {value!r}" for name, value in init_constants]
     lines += ["", "", *_model_class(chain, slugs, [name for name, _ in init_constants])]
-    lines += ["", "", "def get_inputs():", f"    return [torch.rand({', '.join(layout.dims)})]"]
+    lines += ["", "", "def get_inputs():", f"    return [{_input_builder(chain, layout, sizes)}]"]
     lines += ["", "", "def get_init_inputs():", f"    return [{', '.join(name for name, _ in init_constants)}]"]
     return "\n".join(lines) + "\n"
+
+
+def _input_builder(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) -> str:
+    """torch.rand over the layout; I + rand / n when the chain starts by inverting, factoring
+    or exponentiating square matrices (operators/roles.py says why)."""
+    uniform = f"torch.rand({', '.join(layout.dims)})"
+    if chain and needs_conditioned_matrix(chain[0].spec.name) and len(sizes) >= 2 and sizes[-1] == sizes[-2]:
+        side = layout.dims[-1]
+        return f"torch.eye({side}) + {uniform} / {side}"
+    return uniform
 
 
 def _header(chain: list[BoundOp]) -> list[str]:

@@ -25,7 +25,7 @@ from outputs.retry import retry_after
 from operators.records import Candidate, OpSpec, Verdict, task_id
 
 PROMPTS = Path(__file__).parent.parent / "prompts"
-COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v2", "repair_v1"
+COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v3", "repair_v2"
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 INTERFACE = ("Model", "get_inputs", "get_init_inputs")
 # Rejects a model can be asked to fix: the program broke a rule it can change (the sandbox

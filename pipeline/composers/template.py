@@ -27,6 +27,7 @@ pure function of (run seed, index, earlier rounds), so a resumed run composes th
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import zlib
@@ -34,13 +35,20 @@ from collections import Counter
 
 from operators.layouts import LAYOUTS
 from operators.records import Candidate, OpSpec, Verdict, task_id
-from operators.roles import ANCHOR, EPILOGUE, LAYOUT, NORMALISATION, REDUCTION, role_of
+from operators.roles import (ANCHOR, EPILOGUE, LAYOUT, NORMALISATION, REAL, REDUCTION, discontinuous, domain_of,
+                             feeds, numerically_sensitive, role_of)
 from operators.task import BoundOp, bind, chain_output, render_task
+from pipeline.composers.screen import screen
 
 # CUDA-Agent-Ops-6K's op-count mix (share of tasks fusing 1..5 ops).
 DEFAULT_OP_COUNT_MIX = {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
 MAX_ELEMENTS = 1 << 26  # a chain whose intermediate grows past this at default sizes is redrawn
 ATTEMPTS = 64
+# Chains the numeric screen may turn down per candidate, and of them those built around the
+# featured op: an op that fails wherever it is placed (floor of a computed value) costs a few
+# CPU runs, then the candidate goes on without it.
+SCREENS = 12
+FEATURED_SCREENS = 4
 SAMPLINGS = ("layers", "uniform")
 COVERAGE_EVERY = 4  # every 4th candidate is built around the next op of the coverage order
 # The role of a lone op (KernelBench level 1 is mostly matmuls, convolutions, norms, reductions)
@@ -61,8 +69,11 @@ class TemplateComposer:
 
     def __init__(self, catalog: list[OpSpec], op_count_mix: dict[int, float] | None = None,
                  library_mix: dict[str, float] | None = None, sampling: str = "layers",
-                 usage: dict[str, int] | None = None, drawn: frozenset[tuple[str, ...]] = frozenset()):
-        """`usage`: calls of each op in real model code (operators/usage.py); none: all equal."""
+                 usage: dict[str, int] | None = None, drawn: frozenset[tuple[str, ...]] = frozenset(),
+                 numeric_screen: bool = True):
+        """`usage`: calls of each op in real model code (operators/usage.py); none: all equal.
+        `numeric_screen`: run each drawn chain once on the CPU and redraw one whose output the
+        sandbox would reject as non-finite, huge or unstable (off: only to measure it)."""
         if not catalog:
             raise ValueError("the operator catalog is empty: crawl at least one library")
         if sampling not in SAMPLINGS:
@@ -79,6 +90,8 @@ class TemplateComposer:
         for spec in self.base:
             self.by_role.setdefault(role_of(spec.name), []).append(spec)
         self.coverage_orders: dict[int, list[OpSpec]] = {}  # run seed -> its permutation of the catalog
+        self.numeric_screen = numeric_screen
+        self.screened: dict[bytes, str | None] = {}  # a chain's code (its hash) -> the screen's verdict
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list:
         """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits."""
@@ -99,19 +112,40 @@ class TemplateComposer:
         first_pool = [spec for spec in self.catalog if spec.library == lead] if lead else self.base
         featured = self._featured(index, run_seed) if self.sampling == "layers" and not lead else None
         repeat = None  # the first chain of ops an earlier round drew: taken only if no other fits
+        faults: list[str] = []  # what the numeric screen found in each chain it turned down
         for attempt in range(ATTEMPTS):
+            if len(faults) >= SCREENS:
+                break
+            if featured is not None and (attempt >= ATTEMPTS // 2 or len(faults) >= FEATURED_SCREENS):
+                featured = None  # the featured op gets half the draws; a chain without it beats no chain
             if self.sampling == "uniform":
                 built = self._try_chain(rng, num_ops, first_pool)
-            else:  # the featured op gets half the attempts; a chain without it beats no chain
-                built = self._try_layer(rng, num_ops, first_pool if lead else None,
-                                        featured if attempt < ATTEMPTS // 2 else None)
+            else:
+                built = self._try_layer(rng, num_ops, first_pool if lead else None, featured)
             if built and tuple(bound.spec.name for bound in built[0]) in self.drawn:
                 repeat = repeat or built
-            elif built:
+            elif built and not self._screened_out(built, faults):
                 return self._candidate(*built, index, run_seed)
-        if repeat:
+        if repeat and not self._screened_out(repeat, faults):
             return self._candidate(*repeat, index, run_seed)
+        if faults:
+            raise CompositionFailed(f"no chain of {num_ops} ops passed the numeric screen in {len(faults)} tries; "
+                                    f"last: {faults[-1]}")
         raise CompositionFailed(f"no runnable chain of {num_ops} ops after {ATTEMPTS} draws")
+
+    def _screened_out(self, built, faults: list[str]) -> bool:
+        """Run the numeric screen (pipeline/composers/screen.py) on a drawn chain that holds a
+        numerically sensitive op (operators/roles.py); a fault is noted in `faults`. The
+        verdict is cached by the chain's code, which decides it."""
+        chain, layout = built
+        if not self.numeric_screen or not any(numerically_sensitive(bound.spec.name) for bound in chain):
+            return False
+        key = hashlib.sha256(render_task(chain, layout, layout.sizes).encode()).digest()
+        if key not in self.screened:
+            self.screened[key] = screen(chain, layout)
+        if self.screened[key]:
+            faults.append(f"{' + '.join(bound.spec.name for bound in chain)}: {self.screened[key]}")
+        return bool(self.screened[key])
 
     def _candidate(self, chain: list[BoundOp], layout, index: int, run_seed: int) -> Candidate:
         code = render_task(chain, layout, layout.sizes)
@@ -137,6 +171,8 @@ class TemplateComposer:
         pinned = None
         if featured is not None:
             roles, pinned = place(role_of(featured.name), roles, bool(featured.keeps_rank))
+            roles, pinned = make_way(featured.name, roles, pinned)
+            num_ops = len(roles)
         pools = [[featured] if position == pinned else self.by_role.get(role, []) for position, role in enumerate(roles)]
         if lead_pool is not None:
             pools[0] = lead_pool
@@ -154,9 +190,12 @@ class TemplateComposer:
         shape = layout.sizes
         for position, pool in enumerate(pools):
             last, used = position == num_ops - 1, {b.spec.name for b in chain}
+            previous = chain[-1].spec.name if chain else None
+            feeds_next = pinned is not None and position == pinned - 1  # must put out what the featured op takes
             fitting = lambda specs: [spec for spec in specs  # noqa: E731
                                      if layout.name in (spec.layouts if last else spec.keeps_rank)
-                                     and spec.name not in used]
+                                     and spec.name not in used and feeds(previous, spec.name)
+                                     and (not feeds_next or feeds(spec.name, featured.name))]
             # A catalog with no op of this role for this layout (one added library alone) lends any op.
             choices = fitting(pool) or fitting(self.base)
             if not choices:
@@ -172,8 +211,10 @@ class TemplateComposer:
         shape = layout.sizes
         for position in range(num_ops):
             last, used = position == num_ops - 1, {b.spec.name for b in chain}
+            previous = chain[-1].spec.name if chain else None
             choices = [spec for spec in (first_pool if position == 0 else self.base)
-                       if layout.name in (spec.layouts if last else spec.keeps_rank) and spec.name not in used]
+                       if layout.name in (spec.layouts if last else spec.keeps_rank) and spec.name not in used
+                       and feeds(previous, spec.name)]
             if not choices:
                 return None
             shape = _append(chain, rng.choice(choices), layout, shape)
@@ -236,6 +277,20 @@ def place(role: str, roles: list[str], keeps_rank: bool = True) -> tuple[list[st
     else:
         position = anchor + 1
     return roles[:position] + [role] + roles[position + 1:], position
+
+
+def make_way(name: str, roles: list[str], position: int) -> tuple[list[str], int]:
+    """Where `place` put an op, moved to where its input suits it (operators/roles.py): an op
+    that jumps stands alone, on the chain's own input (first in a longer chain, it would break
+    the layer's shape); an op with a restricted domain that would follow the anchor (whose
+    output is any real) moves one place on, behind an epilogue whose range fits it
+    (Linear -> sigmoid -> log); a chain of two grows to three."""
+    if position and discontinuous(name):
+        return [roles[position]], 0
+    if position == 0 or domain_of(name) == REAL or roles[position - 1] == EPILOGUE:
+        return roles, position
+    grown = roles[:position] + [EPILOGUE] + roles[position:]
+    return grown[:max(len(roles), position + 2)], position + 1
 
 
 def _draw(rng: random.Random, mix: dict[str, float]) -> str:

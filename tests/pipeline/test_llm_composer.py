@@ -46,7 +46,7 @@ def test_faults_are_retried_and_bad_answers_become_rejects_with_reasons(catalog,
     assert all(r[1].stage == "compose" for r in results[:4])
     last = results[4]
     assert last.ops == ("torch.nn.Linear", "torch.nn.ReLU") and last.composer == "llm:standin-1"
-    assert last.provenance["prompt_tokens"] > 0 and last.provenance["prompt_version"] == "compose_v2"
+    assert last.provenance["prompt_tokens"] > 0 and last.provenance["prompt_version"] == "compose_v3"
 
 
 def test_a_rerun_is_served_from_the_cache(catalog, tmp_path):
@@ -181,7 +181,7 @@ def test_a_fixable_reject_goes_back_with_its_verdict_and_provenance_records_the_
     with LLMStandIn() as llm:
         [repaired] = LLMComposer(catalog, settings(llm.base_url), tmp_path).compose_many(jobs[:1], 0)
     assert repaired.provenance["repair_of"] == "c1" and repaired.provenance["repair_round"] == 1
-    assert repaired.provenance["prompt_version"] == "repair_v1" and set(repaired.ops) == set(OPS[:2])
+    assert repaired.provenance["prompt_version"] == "repair_v2" and set(repaired.ops) == set(OPS[:2])
     records.append((repaired, Verdict(repaired.id, "accepted", True)))
     assert not [job for job in plan_jobs(cfg, catalog, records, 3, 2) if "repair_of" in job]  # repaired once
 
@@ -216,3 +216,13 @@ def test_llm_composer_needs_a_model_and_an_endpoint(tmp_path, capsys, monkeypatc
     assert main(["run", "--composer", "llm", "--llm-model", "m", "--out", str(tmp_path), "--cache-dir",
                  str(tmp_path)]) == 2
     assert "needs an endpoint" in capsys.readouterr().err
+
+
+def test_the_prompts_ask_for_inputs_in_each_ops_domain_and_moderate_outputs(catalog, tmp_path):
+    composer = LLMComposer(catalog, settings("http://127.0.0.1:9"), tmp_path)
+    ops = tuple(spec.name for spec in catalog[:2])
+    compose = composer._prompt(ops, None)
+    repair = composer._prompt(ops, {"stage": "eager", "reason": "nan_or_inf", "detail": "", "code": "x = 1"})
+    for prompt in (compose, repair):
+        assert "domain" in prompt and "1e4" in prompt and "torch.eye(n)" in prompt
+    assert "well-conditioned" in compose and "atan2 of a computed value" in compose

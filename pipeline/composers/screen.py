@@ -1,0 +1,147 @@
+"""The numeric screen: a composed chain runs once on the CPU, small, before it is emitted.
+
+The sandbox rejects a task whose output is NaN or Inf, past a magnitude bound, or different
+in float32 and float64 by more than a share of the verification tolerance. Each such
+candidate the composer emits costs a worker a compile and a timing run for nothing, so the
+template composer redraws a chain that fails here.
+
+The chain runs on real seeded inputs at a small batch (about SCREEN_ELEMENTS input
+elements), once in float32 and once in float64 with the same weights and inputs cast up.
+Outputs that jump under an ulp of input (floor of a computed value) are not tested here: at
+a small batch too few elements lie near a jump to show it, so the composer keeps such ops
+off computed values by placement (operators/roles.py, DISCONTINUOUS).
+
+It is a pure function of the chain: the weights and inputs are seeded, so composition
+stays a pure function of (run seed, index, earlier rounds). The code it runs is our own
+rendering of crawled ops (operators/task.py), never a candidate's code.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import torch
+
+from operators.layouts import Layout
+from operators.task import BoundOp, render_task
+
+# The thresholds, one place; the sandbox's checks decide with the same numbers.
+MAGNITUDE_BOUND = 1e4  # |output| past this: fp16 kernels overflow at 65504, and products of such outputs sooner
+ATOL = RTOL = 1e-2  # the verification tolerance (compiled against eager)
+TOLERANCE_SHARE = 0.1  # float32 may use this share of the tolerance against float64
+SCREEN_ELEMENTS = 1 << 14  # input elements the screen runs on: the batch is cut to about this
+MAX_SCREEN_STATE = 1 << 24  # weights past this (64 MB in float32) are left to the sandbox: too slow to build here
+MAX_PRECISION_ELEMENTS = 1 << 20  # a larger output (torch.kron's) skips the float64 run: seconds here
+SEED = 0
+
+NON_FINITE, MAGNITUDE, PRECISION = "non_finite", "magnitude", "precision"
+
+
+def screen(chain: list[BoundOp], layout: Layout) -> str | None:
+    """Why this chain's output is numerically unfit ('non_finite', 'magnitude' or
+    'precision', with a detail), or None when it passes or cannot be run here."""
+    return screen_task(render_task(chain, layout, screen_sizes(layout)))
+
+
+def screen_task(code: str, seed: int = SEED) -> str | None:
+    """`screen` on a task's code as it stands (its own sizes): weights seeded with `seed`,
+    inputs with `seed + 1`."""
+    with torch.no_grad(), warnings.catch_warnings(), _one_thread():
+        warnings.simplefilter("ignore")
+        try:
+            model, inputs = _build(code, seed)
+        except Exception:  # the sandbox says why a chain does not build; shapes were already checked on meta
+            return None
+        if model is None:
+            return None
+        try:
+            out32 = _output(model(*inputs))
+        except Exception:
+            return None
+        fault = _range_fault(out32)
+        if fault or out32.numel() > MAX_PRECISION_ELEMENTS:
+            return fault
+        try:
+            out64 = _output(model.double()(*[_double(value) for value in inputs]))
+        except Exception:  # an op without float64 kernels (or one that builds float32 tensors inside)
+            return None
+    return _range_fault(out64) or _precision_fault(out32, out64)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Tensors this small run 5 to 15 times faster on one thread than on a pool of threads
+    that the run's other processes share (measured on this 2-core host under load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def screen_sizes(layout: Layout) -> tuple[int, ...]:
+    """The layout's sizes with the batch cut so the input holds about SCREEN_ELEMENTS."""
+    per_sample = math.prod(layout.sizes[1:])
+    batch = max(1, min(layout.sizes[0], SCREEN_ELEMENTS // per_sample))
+    return (batch, *layout.sizes[1:])
+
+
+def _build(code: str, seed: int):
+    """(model, inputs) seeded as the harness seeds them, or (None, None) past MAX_SCREEN_STATE."""
+    namespace = {"__name__": "opsynth_screen"}
+    exec(compile(code, "<screen>", "exec"), namespace)
+    with torch.device("meta"):
+        try:
+            state = _state(namespace["Model"](*namespace["get_init_inputs"]()))
+        except Exception:  # an __init__ that reads values builds on the CPU only
+            state = 0
+    if state > MAX_SCREEN_STATE:
+        return None, None
+    torch.manual_seed(seed)
+    model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
+    if _state(model) > MAX_SCREEN_STATE:
+        return None, None
+    torch.manual_seed(seed + 1)
+    return model, namespace["get_inputs"]()
+
+
+def _state(model) -> int:
+    return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+
+
+def _output(value) -> torch.Tensor:
+    if isinstance(value, (tuple, list)):
+        value = value[0]
+    return value.detach()
+
+
+def _double(value):
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+def _range_fault(out: torch.Tensor) -> str | None:
+    if not out.is_floating_point():
+        return None
+    if not torch.isfinite(out).all():
+        return f"{NON_FINITE}: {int((~torch.isfinite(out)).sum())} of {out.numel()} elements"
+    peak = out.abs().max().item() if out.numel() else 0.0
+    if peak > MAGNITUDE_BOUND:
+        return f"{MAGNITUDE}: |output| reaches {peak:.3g} (bound {MAGNITUDE_BOUND:g})"
+    return None
+
+
+def _precision_fault(out32: torch.Tensor, out64: torch.Tensor) -> str | None:
+    """float32 against float64: the share of the tolerance the worst element uses."""
+    if not out32.is_floating_point() or out32.shape != out64.shape:
+        return None
+    share = _worst_share(out32.double(), out64)
+    if share > TOLERANCE_SHARE:
+        return f"{PRECISION}: float32 uses {share:.2f} of the tolerance against float64 (at most {TOLERANCE_SHARE})"
+    return None
+
+
+def _worst_share(value: torch.Tensor, reference: torch.Tensor) -> float:
+    allowed = ATOL + RTOL * reference.abs()
+    return ((value - reference).abs() / allowed).max().item() if reference.numel() else 0.0
