@@ -66,9 +66,9 @@ def status() -> str:
 
 
 def restrict_writes_to(folder: str, devices: tuple[str, ...] | None = None) -> int:
-    """From now on this process and its children write only inside `folder` and to
-    `devices` (default: DEVICES and every /dev/nvidia* node), signal no process and reach no
-    abstract socket outside their own domain (ABI 6+). Returns the ABI version applied, 0
+    """From now on this process and its children write only inside `folder`, to `devices`
+    (default: DEVICES and every /dev/nvidia* node) and to this process's own /proc entry,
+    signal no process and reach no abstract socket outside their own domain (ABI 6+). Returns the ABI version applied, 0
     where the kernel has no Landlock. Irreversible. Needs no_new_privs (the jail sets it)."""
     version, _ = abi_version()
     if not version:
@@ -88,6 +88,10 @@ def restrict_writes_to(folder: str, devices: tuple[str, ...] | None = None) -> i
         for device in nodes:
             if os.path.exists(device):
                 _allow(libc, ruleset, device, writes if os.path.isdir(device) else writes & FILE_RIGHTS)
+        # Its own /proc entry: CUDA names its threads (pthread_setname_np writes
+        # /proc/self/task/TID/comm) and fails to start, error 304, when it cannot (seen on the
+        # H200). What lies there is this process's own, which it holds anyway.
+        _allow(libc, ruleset, f"/proc/{os.getpid()}", writes & FILE_RIGHTS)
         _check(libc.syscall(RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)), "restrict itself")
     finally:
         os.close(ruleset)
