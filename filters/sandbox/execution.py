@@ -331,13 +331,18 @@ def _finite_or_inf(value: float) -> float:
 
 
 OOM_MESSAGES = ("can't allocate memory", "out of memory", "cannot allocate memory")
+# The CUDA caching allocator asks NVML for every process's memory to word its out-of-memory
+# message; where NVML cannot start in the jail (a Firecracker H200: 40 of 512 candidates),
+# the out-of-memory surfaces as this internal assert instead.
+OOM_REPORT_FAILED = ("nvmlinit_v2_()", "cudacachingallocator")
 
 
 def as_reject(error: BaseException, stage: str) -> Reject:
     """Running out of memory is its own reason (the task may fit once re-sized); any other
     exception from the task's code is an eager error."""
     text = str(error).lower()
-    if isinstance(error, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MESSAGES):
+    if (isinstance(error, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MESSAGES)
+            or all(m in text for m in OOM_REPORT_FAILED)):
         return Reject(stage, "out_of_memory", short(error))
     return Reject(stage, "eager_error", short(error))
 

@@ -29,8 +29,9 @@ COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v3", "repair_v2"
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 INTERFACE = ("Model", "get_inputs", "get_init_inputs")
 # Rejects a model can be asked to fix: the program broke a rule it can change (the sandbox
-# checks say which of theirs are; filters/sandbox/checks.py), or did not parse or fit the request.
-REPAIRABLE = repairable() | {"bad_interface", "missing_op", "syntax_error"}
+# checks say which of theirs are; filters/sandbox/checks.py), did not parse or fit the request, or
+# kept state in forward (the static check's detail says what to write instead).
+REPAIRABLE = repairable() | {"bad_interface", "missing_op", "syntax_error", "impure_forward"}
 
 
 @dataclass(frozen=True)

@@ -225,3 +225,13 @@ def test_a_call_after_earlier_calls_on_other_inputs_must_agree_with_the_first():
     with pytest.raises(checks.Reject) as rejected:
         Pure().run(t)
     assert rejected.value.reason == "call_dependent", rejected.value.detail
+
+
+def test_an_out_of_memory_whose_report_failed_is_still_out_of_memory():
+    """On the H200 the caching allocator's out-of-memory message asks NVML, which fails in the
+    jail: the assert it raises instead is an out-of-memory (the task may fit once re-sized)."""
+    from filters.sandbox.execution import as_reject
+    failed_report = RuntimeError('NVML_SUCCESS == DriverAPI::get()->nvmlInit_v2_() INTERNAL ASSERT FAILED at '
+                                 '"/pytorch/c10/cuda/CUDACachingAllocator.cpp":1135, please report a bug to PyTorch.')
+    assert as_reject(failed_report, "execute").reason == "out_of_memory"
+    assert as_reject(RuntimeError("INTERNAL ASSERT FAILED at SomethingElse.cpp"), "execute").reason == "eager_error"
