@@ -235,3 +235,11 @@ def test_an_out_of_memory_whose_report_failed_is_still_out_of_memory():
                                  '"/pytorch/c10/cuda/CUDACachingAllocator.cpp":1135, please report a bug to PyTorch.')
     assert as_reject(failed_report, "execute").reason == "out_of_memory"
     assert as_reject(RuntimeError("INTERNAL ASSERT FAILED at SomethingElse.cpp"), "execute").reason == "eager_error"
+
+
+def test_a_timed_call_sees_its_own_copy_of_the_inputs_scaled_by_a_few_ulps():
+    from filters.sandbox.execution import scaled_copies
+    x, index = torch.rand(1000) + 0.5, torch.arange(10)
+    scaled, same_index, three = scaled_copies([x, index, 3], 1 + 2 * torch.finfo(torch.float32).eps)
+    assert not torch.equal(scaled, x) and torch.allclose(scaled, x, rtol=1e-6, atol=0)
+    assert torch.equal(same_index, index) and same_index.data_ptr() != index.data_ptr() and three == 3
