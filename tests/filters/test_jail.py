@@ -156,6 +156,14 @@ def test_the_form_for_an_ordinary_user_holds_too():
     assert "WROTE" not in result.stdout and not Path("/opsynth-owned").exists()
 
 
+def checkout_entries_bound() -> set[str]:
+    """Of the checkout's top-level entries, the code packages and, where the Python
+    installation lies inside the checkout (`make`'s .venv), the folder holding it."""
+    inside = [os.path.relpath(p, jail.PROJECT_ROOT).split(os.sep)[0] for p in (sys.prefix, *sys.path)
+              if os.path.isabs(p) and p.startswith(jail.PROJECT_ROOT + os.sep)]
+    return set(jail.CODE_PACKAGES) | set(inside)
+
+
 def test_host_files_outside_the_binds_are_not_in_the_jail(tmp_path):
     """Only the system, the Python installation and opsynth's code packages are bound: a
     world-readable file anywhere else on the host (another folder of the checkout, /opt,
@@ -172,7 +180,7 @@ def test_host_files_outside_the_binds_are_not_in_the_jail(tmp_path):
         result = run_jailed(f"""
             for path in {[str(p) for p in probes]!r}:
                 assert not os.path.lexists(path), path
-            assert sorted(os.listdir({jail.PROJECT_ROOT!r})) == {sorted(jail.CODE_PACKAGES)!r}
+            assert sorted(os.listdir({jail.PROJECT_ROOT!r})) == {sorted(checkout_entries_bound())!r}
             import torch  # and what a job needs is there
             print("HELD")
         """)
