@@ -22,7 +22,9 @@ NOT_ABLATED = {"to", "float", "double", "half", "bfloat16", "type", "type_as", "
                # their aten forms, in a graph make_fx records
                "_to_copy", "_to_copy.default", "clone.default", "detach.default", "alias.default",
                "lift_fresh_copy.default", "_local_scalar_dense.default"}
-WINDOWS = (1, 2, 3)  # how many consecutive ops are dropped at once
+# How many consecutive ops are dropped at once: runs up to six, as long as a chain of five ops
+# with a layout op or two between them (four rolls that cancel passed runs of three)
+WINDOWS = (1, 2, 3, 4, 5, 6)
 EPSILON = 1e-3  # adding a constant this small is a numerical-stability guard (`var + eps`), not an op
 
 
@@ -69,7 +71,7 @@ def find_unused_module(model, graph_module) -> str | None:
 
 
 def find_redundant_op(graph_module, inputs, out, forward, close, atol, rtol) -> str | None:
-    """The first run of ops (one, two or three in a chain) whose removal, its output replaced
+    """The first run of ops (one to six in a chain, WINDOWS) whose removal, its output replaced
     by its input, keeps the output. `graph_module` is left as it was."""
     for window in WINDOWS:
         for start in range(len(_ops(graph_module))):

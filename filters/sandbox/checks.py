@@ -478,24 +478,26 @@ class MovesPerElement(Check):
 
     Two shares, each the worst over the outputs: `changed_share`, the elements that differ
     beyond the verification tolerance between the outputs for two independent inputs, must be
-    at least `min_changed_share` = 0.25; `dominant_share`, the elements (of both outputs
+    at least `min_changed_share` = 0.5; `dominant_share`, the elements (of both outputs
     together, sampled) equal to the most common value, at most `max_dominant_share` = 0.75.
     Measured on legitimate tasks (this CPU): a ReLU after a layer moves 60% (uniform inputs)
     to 74% (normal inputs) and is half zeros; a comparison of a layer's output with 0 moves
     51% on normal inputs and 23% on uniform ones (a column's sign then hangs mostly on its
     weights), half of it one value; a causal (triangular) mask holds half zeros. The broken
-    ones move 0.2% or one element in 524,288. Past a quarter moving, or three quarters one
-    value, most of the output is a constant that a kernel writes without computing it: a
-    ReLU after a layer (half zeros) passes, one that zeroes 80% of it does not. Comparisons
-    of computed values (23-51%) are refused by the numerics check anyway. A scalar output
-    (a loss) is two values over two inputs: 0.5."""
+    ones move 0.2% or one element in 524,288. Below half moving, or three quarters one
+    value, most of the output is something a kernel writes without computing it: a constant,
+    or a copy of a weight table (a red team's task that was three quarters a copied
+    parameter moved 26% and was accepted at a quarter). A ReLU after a layer (half zeros)
+    passes; one that zeroes 80% of it does not. Comparisons of computed values (23-51%) are
+    refused by the numerics check anyway. A scalar output (a loss) is two values over two
+    inputs: 0.5."""
 
     stage = "sensitivity"
     reasons = {**TASK_ERRORS, **UNMEASURED,
                "insensitive_output": "most output elements do not move with the input",
                "saturated_output": "one value takes most of the output's elements"}
     repairable = frozenset({"insensitive_output", "saturated_output"})
-    defaults = {"min_changed_share": 0.25, "max_dominant_share": 0.75}
+    defaults = {"min_changed_share": 0.5, "max_dominant_share": 0.75}
     measures = {"changed_share": float, "dominant_share": float}
     SAMPLE = 1 << 16  # elements sampled per output for the most common value
 

@@ -36,6 +36,9 @@ FUTURE_FEATURES = frozenset({"annotations"})
 # Reachable through an allowed namespace, and still denied: files, processes, global state,
 # code from strings, dynamic attribute access.
 DENIED = frozenset({
+    # returns a module by name (`torch.get_device_module("cuda").os`): found by a red team's
+    # call of every allowed function (tests/filters/test_reachable.py now walks call results)
+    "torch.get_device_module",
     "torch.load", "torch.save", "torch.from_file", "torch.compile", "torch.manual_seed", "torch.seed",
     "torch.initial_seed", "torch.set_rng_state", "torch.get_rng_state", "torch.use_deterministic_algorithms",
     "torch.set_default_device", "torch.set_default_dtype", "torch.set_default_tensor_type", "torch.set_num_threads",

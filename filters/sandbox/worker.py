@@ -52,6 +52,10 @@ COMPILER_PROGRAMS = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++", "l
                                "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++", "ptxas", "nvcc", "nvlink",
                                "fatbinary", "cicc", "nvdisasm", "cuobjdump", "openssl", "ldconfig", "ldconfig.real",
                                "cc1", "cc1plus", "collect2"})
+# Compiler arguments that make a compiler start programs of the caller's choosing (a wrapper,
+# a plugin, another tool folder, specs, arguments read from a file): Inductor and Triton use none.
+STEERING_ARGUMENTS = ("-wrapper", "-B", "-specs", "--specs", "-fplugin", "-plugin", "--plugin", "-Wl,-plugin",
+                      "-Wl,--plugin", "-no-integrated-cpp", "-fuse-ld", "@")
 REFUSED_EVENTS = frozenset({"os.system", "os.exec", "os.spawn", "os.fork", "os.forkpty",
                             "os.kill", "os.killpg", "pty.spawn", "socket.__new__", "socket.connect", "socket.bind", "socket.sendto",
                             "socket.sendmsg", "gc.get_referrers", "gc.get_referents", "gc.get_objects",
@@ -518,6 +522,10 @@ def _refuse_escapes(workdir: str):
             program = args[0] or (args[1][0] if args[1] else "")
             if os.path.basename(os.fsdecode(program)) not in programs:
                 raise PermissionError(f"the sandbox refuses to start {os.fsdecode(program)!r}")
+            steered = [arg for arg in map(os.fsdecode, args[1] or ()) if arg.startswith(STEERING_ARGUMENTS)]
+            if steered:  # `gcc -wrapper /bin/sh,-c,...` starts any program (a red team's route)
+                raise PermissionError(f"the sandbox refuses a compiler argument that starts other programs: "
+                                      f"{steered[0]!r}")
         elif event == "open" and isinstance(args[0], (str, bytes)):
             mode, flags = args[1] or "", args[2] or 0
             writing = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & write_flags)

@@ -140,8 +140,13 @@ CASES = {
     "relu_layer": (make_task("return torch.relu(self.linear(x))", init=LAYER), FAST, None),
     # 0.2% of the elements move, by up to 2: the whole tensors differ, its elements do not
     "insensitive_output": (make_task("return torch.clamp(x, min=0.998) * 1000.0 - 998.0"), FAST, "insensitive_output"),
-    # 80% zeros: a third of the elements move (enough), four in five are one value (too many)
-    "saturated_output": (make_task("return torch.where(x > 0.8, x, torch.zeros_like(x))"), FAST, "saturated_output"),
+    # 80% zeros: a third of the elements move; the same case that was refused as saturated at
+    # a quarter (four in five are one value) moves too little now
+    "mostly_zero": (make_task("return torch.where(x > 0.8, x, torch.zeros_like(x))"), FAST, "insensitive_output"),
+    # three quarters of the output a copied weight table, a quarter computed (a red team's task)
+    "mostly_a_weight_copy": (make_task("return torch.cat([torch.tanh(self.linear(x)), self.table.expand(x.shape[0], 768)],"
+                                       " dim=1)", init=LAYER + "\nself.table = nn.Parameter(torch.rand(1, 768))"),
+                             FAST, "insensitive_output"),
     # a ReLU that zeroes most of its layer's output (about 80%): a quarter of it moves at most
     "relu_mostly_zero": (make_task("return torch.relu(self.linear(x) - 0.3)", init=LAYER), FAST, "insensitive_output"),
     # a raw input compared with a constant: any kernel compares it exactly, as the reference does
@@ -170,6 +175,9 @@ CASES = {
     # float32 absorbs x into 1e4 and sums the rounding; a nudge of x is absorbed too (the ulp probe sees nothing)
     "ill_conditioned": (make_task("return (x + 1e4).sum(-1) - 1e4 * x.shape[-1]"), FAST, "ill_conditioned"),
     "redundant_pair": (make_task("return torch.tanh(torch.fft.irfft(torch.fft.rfft(x), n=x.shape[-1]))"), FAST,
+                       "redundant_op"),
+    # four rolls that cancel: no one, two or three of them do (a red team's task)
+    "redundant_four": (make_task("return torch.tanh(x.roll(1, 1).roll(2, 1).roll(-1, 1).roll(-2, 1))"), FAST,
                        "redundant_op"),
     # untraceable by torch.fx (data-dependent branch): ablated on make_fx's graph, the double transpose found
     "redundant_pair_untraceable": (make_task("if x.sum() > -1e9:\n    x = x.transpose(0, 1).transpose(0, 1)\n"

@@ -12,9 +12,13 @@ import ast
 import builtins
 import functools
 import importlib
+import json
 import os
+import subprocess
+import sys
 import types
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -112,6 +116,67 @@ def test_no_allowed_name_leads_out_of_the_allowlist():
     found, walked = _walk(_starts())
     assert walked > 2_500  # the walk really went through torch
     assert not found, "\n".join(f"{path}: {what}" for path, what in found[:20])
+
+
+PROBE_ARGUMENTS = ((), ("cuda",), ("cpu",), ("os",), ("torch.os",))
+
+
+def _call_results(starts):
+    """What each function among `starts` returns when a task calls it with a few plausible
+    arguments (a device name, a module's name): `torch.get_device_module("cuda")` handed a
+    task `torch.cuda`, and with it `os`, though no attribute chain reached it. Classes are
+    left out (an instance of each kind a task holds is a start already)."""
+    import signal
+
+    def too_long(*_):
+        raise TimeoutError
+    signal.signal(signal.SIGALRM, too_long)
+    for path, value in starts:
+        if isinstance(value, type) or not callable(value):
+            continue
+        for arguments in (*PROBE_ARGUMENTS, (torch.rand(3),)):
+            signal.alarm(2)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    result = value(*arguments)
+            except BaseException:
+                continue
+            finally:
+                signal.alarm(0)
+            yield f"{path}{arguments!r}", result
+
+
+def _results_walk() -> tuple[list, int]:
+    """What `_walk` finds refused from every call result, and a module outside the allowed
+    namespaces returned by a call."""
+    found, results = [], []
+    for where, result in _call_results(_starts()):
+        if isinstance(result, types.ModuleType) and result.__name__ not in policy.TORCH_NAMESPACES:
+            found.append((where, f"the module {result.__name__}"))
+            continue
+        results.append((where, result))
+    walked_found, walked = _walk(results)
+    return found + walked_found, walked
+
+
+def test_no_call_of_an_allowed_function_leads_out_of_the_allowlist():
+    """Run in a process of its own: the calls change what global state the policy allows."""
+    script = ("import json; from tests.filters.test_reachable import _results_walk; "
+              "found, walked = _results_walk(); print(json.dumps([found, walked]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=str(Path(__file__).parents[2]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    found, walked = json.loads(done.stdout.strip().splitlines()[-1])
+    assert walked > 100
+    assert not found, "\n".join(f"{path}: {what}" for path, what in found[:20])
+
+
+def test_the_call_walk_finds_a_module_a_call_returns():
+    found = dict((where, what) for where, result in _call_results([("torch.get_device_module",
+                                                                     torch.get_device_module)])
+                 for what in [f"the module {result.__name__}"] if isinstance(result, types.ModuleType))
+    assert found.get("torch.get_device_module('cuda',)") == "the module torch.cuda"
 
 
 class _Leaky:

@@ -132,3 +132,12 @@ def test_the_zygote_decides_from_the_measures_whatever_the_child_claims():
     assert not decided["passed"] and decided["stage"] != "accepted", decided
     rejected = {"passed": False, "stage": "degenerate", "reason": "constant_output", "detail": "", "metrics": {}}
     assert confirm(rejected, FAST) == rejected  # a child may always reject itself
+
+
+def test_a_compiler_is_not_a_way_to_start_other_programs(one_worker):
+    """The audit hook lets a task's compile start the compilers; `gcc -wrapper PROGRAM` would
+    have them start anything (a red team's route to /bin/sh inside the jail)."""
+    shell = make_task("return x * 2.0", header="import subprocess\nsubprocess.run(['gcc', '-wrapper', "
+                      "'/bin/sh,-c,id', '-E', '-x', 'c', '/dev/null'], capture_output=True)")
+    result = run(one_worker, shell)
+    assert result["reason"] == "eager_error" and "starts other programs: '-wrapper'" in result["detail"], result
