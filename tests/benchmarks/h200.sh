@@ -7,7 +7,7 @@
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
 #   bash tests/benchmarks/h200.sh ops6k SECONDS                 # the ops6k recipe (template composer), resumed
-#   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS]    # .bench/cands through `opsynth validate` with TREE's code
+#   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
@@ -76,11 +76,11 @@ if [ "$STAGE" = funnel ]; then
     # The same candidates (.bench/cands, from compose_candidates) through `opsynth validate` on
     # the GPU, with this checkout's code (TREE .) or an earlier commit's (TREE .old: `git archive
     # COMMIT pipeline filters operators outputs`): the funnel before and after, on one machine.
-    TREE=${1:-.}; NAME=${2:-after}
+    TREE=${1:-.}; NAME=${2:-after}; TASKS=${4:-.bench/cands}
     [ "$TREE" != . ] && export PYTHONPATH=/tmp/site:$PWD/$TREE
     rm -rf /tmp/funnel /tmp/funnel-cache
     start=$(date +%s.%N)
-    timeout -s INT -k 15 "${3:-480}" python3 -m pipeline.cli validate .bench/cands --out /tmp/funnel --device cuda \
+    timeout -s INT -k 15 "${3:-480}" python3 -m pipeline.cli validate "$TASKS" --out /tmp/funnel --device cuda \
         --cache-dir /tmp/funnel-cache --timeout-s 240 --max-memory-gb 24 2>&1 | grep -v "^WARNING" | tail -3
     echo "funnel $NAME wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
     python3 - /tmp/funnel/stats.json <<'PY'

@@ -87,5 +87,6 @@ def test_a_checks_setting_reaches_the_workers_and_decides_the_runs_identity(tmp_
     cfg = build_config(None, {"checks": {"ablation": False, "max_resize_rounds": 2}})
     check_config = _check_config(cfg, "cpu", _sandbox_options(cfg, "cpu", [], 2, tmp_path))
     assert check_config["ablation"] is False and check_config["max_resize_rounds"] == 2
-    assert check_config["checks"] == ["execute", "timing", "determinism", "degenerate", "ablation", "compile"]
+    assert check_config["checks"] == ["execute", "timing", "determinism", "purity", "degenerate", "sensitivity",
+                                      "numerics", "ablation", "compile"]
     assert _fingerprint(cfg, "cpu") != _fingerprint(build_config(None, {}), "cpu")
