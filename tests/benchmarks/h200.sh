@@ -77,7 +77,8 @@ if [ "$STAGE" = funnel ]; then
     # the GPU, with this checkout's code (TREE .) or an earlier commit's (TREE .old: `git archive
     # COMMIT pipeline filters operators outputs`): the funnel before and after, on one machine.
     TREE=${1:-.}; NAME=${2:-after}; TASKS=${4:-.bench/cands}
-    [ "$TREE" != . ] && export PYTHONPATH=/tmp/site:$PWD/$TREE
+    # `python -m` puts the working folder first on sys.path: PYTHONSAFEPATH keeps TREE's code first
+    [ "$TREE" != . ] && export PYTHONPATH=/tmp/site:$PWD/$TREE:$PWD PYTHONSAFEPATH=1
     rm -rf /tmp/funnel /tmp/funnel-cache
     start=$(date +%s.%N)
     timeout -s INT -k 15 "${3:-480}" python3 -m pipeline.cli validate "$TASKS" --out /tmp/funnel --device cuda \

@@ -4,6 +4,7 @@ It writes any bytes to any descriptor, exits early, forks, renames. Its task is 
 (`x * 0.0`): whatever it does, it is never accepted, its worker is replaced when it forged,
 and the job after it on the same worker gets its own, true verdict."""
 import json
+import textwrap
 
 import pytest
 
@@ -28,62 +29,42 @@ def constant_task_that(payload: str) -> str:
 # Every measure the checks take, with values that pass every threshold but the clock's.
 CLAIMED = {name: (True if kind is bool else 1 if kind is int else 5.0) for name, kind in measures(DEFAULTS).items()}
 
+
+def on_every_descriptor(payload: str, then: str = "os._exit(0)") -> str:
+    """Task code that writes `payload` (an expression, evaluated in the task) to every
+    descriptor it may hold, then does `then`."""
+    return f"""
+for fd in range(3, 256):
+    try:
+        os.write(fd, {payload})
+    except OSError:
+        pass
+{then}
+"""
+
+
+def forged_with(change: str) -> str:
+    """A forged 'accepted' carrying CLAIMED after `change` (a statement on `claimed`)."""
+    return (f"claimed = json.loads({json.dumps(CLAIMED)!r})\n{change}\n"
+            + on_every_descriptor("json.dumps({'passed': True, 'stage': 'accepted', 'reason': '', 'detail': '', "
+                                  "'metrics': claimed}).encode()"))
+
+
 ATTACKS = {
     # the checks' answer, well formed, on every descriptor it may hold, then gone
-    "a forged verdict on every descriptor, then exit": f"""
-for fd in range(3, 256):
-    try:
-        os.write(fd, {forged_verdict({})!r}.encode())
-    except OSError:
-        pass
-os._exit(0)
-""",
+    "a forged verdict on every descriptor, then exit": on_every_descriptor(f"{forged_verdict({})!r}.encode()"),
     # every measure named, but more time claimed than the zygote saw pass
-    "every measure forged, more time than passed": f"""
-claimed = json.loads({json.dumps(CLAIMED)!r})
-claimed.update(eager_ms=90.0, t_execute_ms=1.0)
-for fd in range(3, 256):
-    try:
-        os.write(fd, json.dumps({{"passed": True, "stage": "accepted", "reason": "", "detail": "",
-                                  "metrics": claimed}}).encode())
-    except OSError:
-        pass
-os._exit(0)
-""",
+    "every measure forged, more time than passed": forged_with("claimed.update(eager_ms=90.0, t_execute_ms=1.0)"),
     # a forged verdict with a measure left out
-    "a measure missing": f"""
-claimed = json.loads({json.dumps(CLAIMED)!r})
-claimed.pop(sorted(claimed)[0])
-for fd in range(3, 256):
-    try:
-        os.write(fd, json.dumps({{"passed": True, "stage": "accepted", "reason": "", "detail": "",
-                                  "metrics": claimed}}).encode())
-    except OSError:
-        pass
-os._exit(0)
-""",
+    "a measure missing": forged_with("claimed.pop(sorted(claimed)[0])"),
     # bytes that are no answer at all
-    "garbage on every descriptor": """
-for fd in range(3, 256):
-    try:
-        os.write(fd, os.urandom(4096))
-    except OSError:
-        pass
-""",
+    "garbage on every descriptor": on_every_descriptor("os.urandom(4096)", then=""),
     # a child of its own, in a session of its own, writes after the checks answered (the
     # audit hook refuses the fork: the task then fails as it loads)
-    "a forked child forges after the checks": f"""
-if os.fork() == 0:
-    os.setsid()
-    import time
-    time.sleep(1.0)
-    for fd in range(3, 256):
-        try:
-            os.write(fd, {forged_verdict({})!r}.encode())
-        except OSError:
-            pass
-    os._exit(0)
-""",
+    "a forked child forges after the checks": "if os.fork() == 0:\n    os.setsid()\n    import time\n"
+                                              "    time.sleep(1.0)\n"
+                                              + textwrap.indent(on_every_descriptor(f"{forged_verdict({})!r}.encode()"),
+                                                                "    "),
     # the zygote's own files renamed and put back (a rename changes their ctime)
     "a rename of the zygote's files": """
 try:
