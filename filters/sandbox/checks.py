@@ -471,46 +471,54 @@ class DependsOnInput(Check):
 
 
 class MovesPerElement(Check):
-    """Enough of the output moves with the input, element by element, and no one value takes
+    """Most of the output moves with the input, element by element, and no one value takes
     most of it. The whole-tensor comparison of DependsOnInput calls an output "input-dependent"
     when one element of half a million moves, or when a clamp floor above the data holds
     99.8% of it: an agent matches those without computing them.
 
-    Two shares, each the worst over the outputs: `changed_share`, the elements that differ
-    beyond the verification tolerance between the outputs for two independent inputs, must be
-    at least `min_changed_share` = 0.5; `dominant_share`, the elements (of both outputs
-    together, sampled) equal to the most common value, at most `max_dominant_share` = 0.75.
-    Measured on legitimate tasks (this CPU): a ReLU after a layer moves 60% (uniform inputs)
-    to 74% (normal inputs) and is half zeros; a comparison of a layer's output with 0 moves
-    51% on normal inputs and 23% on uniform ones (a column's sign then hangs mostly on its
-    weights), half of it one value; a causal (triangular) mask holds half zeros. The broken
-    ones move 0.2% or one element in 524,288. Below half moving, or three quarters one
-    value, most of the output is something a kernel writes without computing it: a constant,
-    or a copy of a weight table (a red team's task that was three quarters a copied
-    parameter moved 26% and was accepted at a quarter). A ReLU after a layer (half zeros)
-    passes; one that zeroes 80% of it does not. Comparisons of computed values (23-51%) are
-    refused by the numerics check anyway. A scalar output (a loss) is two values over two
-    inputs: 0.5."""
+    Three shares, each the worst over the outputs, from the outputs for two independent
+    inputs. `identical_share`, the elements exactly equal in both, at most
+    `max_identical_share` = 0.5: an element no input moves is a constant, a copy of a weight
+    or a saturated value, and a kernel writes it without computing anything (a red team's
+    task, three quarters a copied weight table and a quarter computed, was accepted when only
+    the tolerance was asked). `changed_share`, the elements that differ beyond the
+    verification tolerance, at least `min_changed_share` = 0.25: an output that moves by less
+    than the tolerance is one a constant kernel matches. It cannot be asked of half: averages
+    and reductions of independent random inputs concentrate, and a conv then an average pool
+    moves 40% at the tolerance while every element depends on the input. `dominant_share`,
+    the elements (of both outputs together, sampled) equal to the most common value, at most
+    `max_dominant_share` = 0.75. Measured on legitimate tasks (this CPU): a ReLU after a
+    layer moves 60% (uniform inputs) to 74% (normal inputs) and a quarter of it is zero in
+    both; a causal (triangular) mask holds half zeros. The broken ones move 0.2% or one
+    element in 524,288. Comparisons of computed values are refused by the numerics check.
+    A scalar output (a loss) is two values over two inputs: 0.5."""
 
     stage = "sensitivity"
     reasons = {**TASK_ERRORS, **UNMEASURED,
                "insensitive_output": "most output elements do not move with the input",
                "saturated_output": "one value takes most of the output's elements"}
     repairable = frozenset({"insensitive_output", "saturated_output"})
-    defaults = {"min_changed_share": 0.5, "max_dominant_share": 0.75}
-    measures = {"changed_share": float, "dominant_share": float}
+    defaults = {"max_identical_share": 0.5, "min_changed_share": 0.25, "max_dominant_share": 0.75}
+    measures = {"identical_share": float, "changed_share": float, "dominant_share": float}
     SAMPLE = 1 << 16  # elements sampled per output for the most common value
 
     def run(self, t: TaskUnderTest) -> None:
         atol, rtol = t.cfg["atol"], t.cfg["rtol"]
         pairs = list(zip(t.out, t.other_out))
+        t.metrics["identical_share"] = max((t.gate.call(identical_share, a, b) for a, b in pairs), default=0.0)
         t.metrics["changed_share"] = min((t.gate.call(changed_share, a, b, atol, rtol) for a, b in pairs), default=1.0)
         t.metrics["dominant_share"] = max((t.gate.call(dominant_share, a, b, self.SAMPLE) for a, b in pairs),
                                           default=0.0)
         self.stop_if_failed(t)
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
-        changed, dominant = number(metrics, "changed_share"), number(metrics, "dominant_share")
+        same, changed = number(metrics, "identical_share"), number(metrics, "changed_share")
+        dominant = number(metrics, "dominant_share")
+        if same is None:
+            return unmeasured("identical_share")
+        if same > cfg["max_identical_share"]:
+            return "insensitive_output", (f"{same:.1%} of an output's elements are the same for two independent "
+                                          f"inputs (> {cfg['max_identical_share']:.0%}): no input moves them")
         if changed is None:
             return unmeasured("changed_share")
         if changed < cfg["min_changed_share"]:
@@ -522,6 +530,14 @@ class MovesPerElement(Check):
             return "saturated_output", (f"one value takes {dominant:.1%} of an output's elements "
                                         f"(> {cfg['max_dominant_share']:.0%}): the output is mostly constant")
         return None
+
+
+def identical_share(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The share of elements exactly equal in `a` and `b` (1.0 where they cannot be compared
+    element by element)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return 1.0
+    return float((a == b).double().mean()) if a.numel() else 0.0
 
 
 def changed_share(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> float:

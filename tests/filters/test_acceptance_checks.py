@@ -20,7 +20,7 @@ PASSING = {"output_finite": True, "eager_ms": 3.0, "peak_memory_mb": None, "resi
            "deterministic_mode_share": 0.0, "inputs_unchanged": True, "weights_unchanged": True,
            "rng_unchanged": True, "output_aliased": False, "state_unchanged": True, "later_calls": 7,
            "later_call_max_diff": 0.0, "inputs_fresh": True, "input_sensitivity": 0.9, "input_tolerance_share": 40.0,
-           "changed_share": 0.98, "dominant_share": 0.01, "float64_share": 0.001, "ulp_share": 0.0001,
+           "identical_share": 0.0, "changed_share": 0.98, "dominant_share": 0.01, "float64_share": 0.001, "ulp_share": 0.0001,
            "output_max_abs": 12.0, "dead_parameters": 0, "graph_traced": True, "unused_modules": 0,
            "redundant_ops": 0, "compile_ms": 900.0, "compile_max_diff": 1e-6, "compile_tolerance_share": 1e-4}
 
@@ -57,6 +57,7 @@ def test_measures_follow_the_enabled_checks():
     ({"inputs_fresh": False}, ("degenerate", "fixed_inputs")),
     ({"input_tolerance_share": 0.7}, ("degenerate", "constant_output")),
     ({"changed_share": 0.002}, ("sensitivity", "insensitive_output")),
+    ({"identical_share": 0.72}, ("sensitivity", "insensitive_output")),
     ({"changed_share": 0.5, "dominant_share": 0.95}, ("sensitivity", "saturated_output")),
     ({"dominant_share": 0.998}, ("sensitivity", "saturated_output")),
     ({"output_max_abs": 1e6}, ("numerics", "output_too_large")),
