@@ -23,7 +23,7 @@ from pathlib import Path
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from filters.sandbox.checks import CHECK_STAGES
+from filters.sandbox.checks import CHECK_STAGES, DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.pool import SandboxOptions, shared_pool
 from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_parquet,
                                           read_tasks, traced)
@@ -232,7 +232,9 @@ def round_size(needed: int, accepted: int, decided: int, workers: int, remaining
 
 
 def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
-    return {**cfg.checks, "device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
+    """Every setting the checks read, their defaults spelt out: a verdict stored under one
+    threshold is not taken for another (the store's key is this)."""
+    return {**CHECK_DEFAULTS, **cfg.checks, "device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
             "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms), "target_ms": cfg.target_ms,
             "max_task_memory_gb": cfg.max_task_memory_gb,
             "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None,

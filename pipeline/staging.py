@@ -10,7 +10,7 @@ import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from filters.sandbox.checks import CHECK_STAGES
+from filters.sandbox.checks import CHECK_STAGES, DEFAULTS
 from filters.similarity.decontaminate import dedupe
 from filters.similarity.score import fingerprint
 from operators.catalog import cache_key
@@ -38,7 +38,7 @@ def run_fingerprint(cfg: RunConfig, device: str) -> str:
             "target_ms", "checks")
     llm_keys = ("model", "temperature", "max_tokens", "repair_rounds")
     blob = {key: asdict(cfg)[key] for key in keys} | {"device": device, "catalog": cache_key(cfg.libraries),
-                                                       "stages": list(CHECK_STAGES)}
+                                                       "stages": list(CHECK_STAGES), "check_defaults": DEFAULTS}
     if cfg.composer == "llm":
         blob["llm"] = {key: cfg.llm.get(key) for key in llm_keys}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
