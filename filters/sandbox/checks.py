@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from filters.sandbox import ablation, numerics, purity
-from filters.sandbox.execution import (GpuGate, Reject, all_finite, build_model, close, flatten, forward,
+from filters.sandbox.execution import (EPSILON, GpuGate, Reject, all_finite, build_model, close, flatten, forward,
                                        fresh_copies, identical, load_and_run, load_task, make_inputs, max_diff,
-                                       measure, nudged_copies, release, short, tolerance_share, warm_up_calls)
+                                       measure, release, scaled_copies, short, tolerance_share, warm_up_calls)
 from filters.sandbox.resize import NotResizable, scale_constant
 
 _compile = torch.compile
@@ -373,7 +373,7 @@ class Pure(Check):
                "call_dependent": "the output after some earlier calls differs from the first"}
     repairable = frozenset(reasons) - set(TASK_ERRORS) - set(UNMEASURED)
     # The history probe's calls: at most `purity_calls`, within `purity_budget_ms` of eager time.
-    defaults = {"purity_calls": 32, "purity_budget_ms": 100.0}
+    defaults = {"purity_calls": 16, "purity_budget_ms": 40.0}
     measures = {"inputs_unchanged": bool, "weights_unchanged": bool, "rng_unchanged": bool,
                 "output_aliased": bool, "state_unchanged": bool, "later_calls": int, "later_call_max_diff": float}
 
@@ -395,7 +395,7 @@ class Pure(Check):
         self.stop_if_failed(t)
         calls = purity.later_calls(t.cfg["purity_budget_ms"], metrics.get("eager_ms"), t.cfg["purity_calls"])
         for _ in range(calls):  # other inputs each time, as a memo or a remembered input would need
-            gate.call(forward, model, nudged_copies(t.inputs, int.from_bytes(os.urandom(4), "little")))
+            gate.call(forward, model, scaled_copies(t.inputs, 1 + (1 + os.urandom(1)[0]) * EPSILON))
         last = gate.call(forward, model, t.inputs)
         metrics.update(later_calls=calls, later_call_max_diff=gate.call(max_diff, t.out, last),
                        state_unchanged=purity.fingerprint(model, t.task) == state)

@@ -182,7 +182,7 @@ def nudged_copies(inputs: list, seed: int) -> list:
     return copies
 
 
-_EPSILON = torch.finfo(torch.float32).eps
+EPSILON = torch.finfo(torch.float32).eps
 
 
 def scaled_copies(inputs: list, factor: float) -> list:
@@ -261,7 +261,7 @@ def _time_once(model, inputs, device) -> float:
     # Made before the clock starts: fresh copies as for every checked call, each scaled by
     # its own factor, so no two timed calls see the same input and a memo keyed on the input
     # never hits.
-    args = scaled_copies(inputs, 1 + (1 + os.urandom(1)[0] % NUDGE_ULPS) * _EPSILON)
+    args = scaled_copies(inputs, 1 + (1 + os.urandom(1)[0] % NUDGE_ULPS) * EPSILON)
     with torch.no_grad():
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
