@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from filters.sandbox import ablation, numerics, purity
-from filters.sandbox.execution import (EPSILON, GpuGate, Reject, all_finite, build_model, close, flatten, forward,
-                                       fresh_copies, identical, load_and_run, load_task, make_inputs, max_diff,
-                                       measure, release, scaled_copies, short, tolerance_share, warm_up_calls)
+from filters.sandbox.execution import (GpuGate, Reject, all_finite, build_model, close, flatten, forward,
+                                       fresh_copies, fresh_factor, identical, load_and_run, load_task, make_inputs,
+                                       max_diff, measure, release, scaled_copies, short, tolerance_share,
+                                       warm_up_calls)
 from filters.sandbox.resize import NotResizable, scale_constant
 
 _compile = torch.compile
@@ -395,7 +396,7 @@ class Pure(Check):
         self.stop_if_failed(t)
         calls = purity.later_calls(t.cfg["purity_budget_ms"], metrics.get("eager_ms"), t.cfg["purity_calls"])
         for _ in range(calls):  # other inputs each time, as a memo or a remembered input would need
-            gate.call(forward, model, scaled_copies(t.inputs, 1 + (1 + os.urandom(1)[0]) * EPSILON))
+            gate.call(forward, model, scaled_copies(t.inputs, fresh_factor()))
         last = gate.call(forward, model, t.inputs)
         metrics.update(later_calls=calls, later_call_max_diff=gate.call(max_diff, t.out, last),
                        state_unchanged=purity.fingerprint(model, t.task) == state)

@@ -166,9 +166,9 @@ NUDGE_ULPS = 8  # a nudge of a few ulps: a well-conditioned output moves by as l
 
 def nudged_copies(inputs: list, seed: int) -> list:
     """Copies of the inputs with each floating element scaled by 1 + NUDGE_ULPS * eps * u, u
-    uniform in [-1, 1): a task that memoises on its input's fingerprint never hits on a timed
-    call, and the numerics check sees how the output moves under rounding-sized changes. The
-    noise comes from generators of the checks' own, so no RNG stream of the task's moves."""
+    uniform in [-1, 1): the numerics check sees how the output moves under rounding-sized
+    changes of its weights. The noise comes from generators of the checks' own, so no RNG
+    stream of the task's moves."""
     copies = []
     for x in inputs:
         if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel():
@@ -183,6 +183,12 @@ def nudged_copies(inputs: list, seed: int) -> list:
 
 
 EPSILON = torch.finfo(torch.float32).eps
+
+
+def fresh_factor() -> float:
+    """1 plus a few ulps, drawn from the OS for each call that must see inputs of its own
+    (a memo keyed on the input never hits): one to NUDGE_ULPS of them."""
+    return 1 + (1 + os.urandom(1)[0] % NUDGE_ULPS) * EPSILON
 
 
 def scaled_copies(inputs: list, factor: float) -> list:
@@ -261,7 +267,7 @@ def _time_once(model, inputs, device) -> float:
     # Made before the clock starts: fresh copies as for every checked call, each scaled by
     # its own factor, so no two timed calls see the same input and a memo keyed on the input
     # never hits.
-    args = scaled_copies(inputs, 1 + (1 + os.urandom(1)[0] % NUDGE_ULPS) * EPSILON)
+    args = scaled_copies(inputs, fresh_factor())
     with torch.no_grad():
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
