@@ -156,19 +156,14 @@ def test_the_form_for_an_ordinary_user_holds_too():
     assert "WROTE" not in result.stdout and not Path("/opsynth-owned").exists()
 
 
-def checkout_entries_bound() -> set[str]:
-    """Of the checkout's top-level entries, the code packages and, where the Python
-    installation lies inside the checkout (`make`'s .venv), the folder holding it."""
-    inside = [os.path.relpath(p, jail.PROJECT_ROOT).split(os.sep)[0] for p in (sys.prefix, *sys.path)
-              if os.path.isabs(p) and p.startswith(jail.PROJECT_ROOT + os.sep)]
-    return set(jail.CODE_PACKAGES) | set(inside)
-
-
-def bound_in_tmp() -> set[str]:
-    """The entries of the jail's /tmp that lead to host folders bound into it: a checkout or
-    its virtual environment under /tmp (where CI may clone), a test's folder on sys.path."""
-    paths = [jail.PROJECT_ROOT, sys.prefix, *sys.path]
-    return {p.split(os.sep)[2] for p in map(os.path.realpath, paths) if p.startswith("/tmp/")}
+def entries_bound_under(folder: str) -> set[str]:
+    """The entries of `folder` in the jail that lead to host folders bound into it: of the
+    checkout, its code packages and, where `make` put it, its .venv; of /tmp, a checkout or
+    virtual environment under it (where CI may clone) or a test's folder on sys.path."""
+    paths = [jail.PROJECT_ROOT, *(os.path.join(jail.PROJECT_ROOT, p) for p in jail.CODE_PACKAGES), sys.prefix,
+             *sys.path]
+    real = [os.path.realpath(p) for p in paths if os.path.isabs(p)]  # not a path hook's name
+    return {os.path.relpath(p, folder).split(os.sep)[0] for p in real if p.startswith(folder + os.sep)}
 
 
 def test_host_files_outside_the_binds_are_not_in_the_jail(tmp_path):
@@ -187,7 +182,7 @@ def test_host_files_outside_the_binds_are_not_in_the_jail(tmp_path):
         result = run_jailed(f"""
             for path in {[str(p) for p in probes]!r}:
                 assert not os.path.lexists(path), path
-            assert sorted(os.listdir({jail.PROJECT_ROOT!r})) == {sorted(checkout_entries_bound())!r}
+            assert sorted(os.listdir({jail.PROJECT_ROOT!r})) == {sorted(entries_bound_under(jail.PROJECT_ROOT))!r}
             import torch  # and what a job needs is there
             print("HELD")
         """)
@@ -231,7 +226,7 @@ def test_landlock_refuses_every_write_outside_the_job_folder():
     """As the worker's child does, before any task code: from then on every write, make,
     rename, link and removal outside its job folder is the kernel's to refuse, for it and for
     every program it starts; inside the job folder all of them work."""
-    assert_held(run_jailed(setup=LANDLOCKED + f"BOUND = {bound_in_tmp()!r}\n", script="""
+    assert_held(run_jailed(setup=LANDLOCKED + f"BOUND = {entries_bound_under('/tmp')!r}\n", script="""
         assert restrict_writes_to(job) >= 1
         denied(open, outside + "/file", "w")
         denied(open, "/tmp/new", "w")
@@ -324,7 +319,7 @@ def test_the_wipe_removes_whatever_a_job_left_whatever_its_mode(tmp_path):
             os.mkdir("d"); os.chdir("d")
         os.chdir("/")
         assert _clear("/tmp", keep=("/tmp/zygote",)) == [] and _clear("/dev/shm") == []
-        assert set(os.listdir("/tmp")) - {bound_in_tmp()!r} == {kept!r}, os.listdir("/tmp")
+        assert set(os.listdir("/tmp")) - {entries_bound_under('/tmp')!r} == {kept!r}, os.listdir("/tmp")
         assert open("/tmp/zygote/headers/kept.h").read() == "kept" and not os.listdir("/dev/shm")
         assert os.path.exists({str(locks / "gpu0.lock")!r})
         print("HELD")
