@@ -46,7 +46,8 @@ def sample_row(candidate: Candidate, verdict: Verdict, run_info: dict) -> dict:
         "determinism_max_diff": metrics.get("determinism_max_diff"),
         "compile_max_diff": metrics.get("compile_max_diff"),
         "input_sensitivity": metrics.get("input_sensitivity"),
-        "peak_memory_mb": metrics.get("peak_memory_mb"), "resized": bool(metrics.get("resized")),
+        "peak_memory_mb": metrics.get("peak_memory_mb"), "output_max_abs": metrics.get("output_max_abs"),
+        "resized": bool(metrics.get("resized")),
         "source": candidate.provenance.get("source"),
         "provenance": json.dumps(candidate.provenance, sort_keys=True),
     }

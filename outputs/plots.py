@@ -45,6 +45,9 @@ def make_plots(stats: dict, folder: Path) -> dict[str, str]:
         paths[name] = _save(figure, folder, name)
     paths["op_count_mix"] = _op_count_mix(stats, folder)
     paths["op_frequency"] = _op_frequency(stats, folder)
+    if stats.get("reference_comparison"):
+        beside = make_comparison_plots(stats["reference_comparison"], folder, COMPARISON_PREFIX)
+        paths.update({COMPARISON_PREFIX + name: path for name, path in beside.items()})
     return paths
 
 
@@ -95,3 +98,87 @@ def _save(figure, folder: Path, name: str) -> str:
     figure.savefig(folder / f"{name}.png")
     plt.close(figure)
     return f"{folder.name}/{name}.png"
+
+
+# -- a dataset beside a reference (outputs/report.py) ---------------------------------------
+
+COMPARISON_PLOTS = {
+    "op_count_mix": "Tasks by number of ops",
+    "top_ops": "Tasks using each op",
+    "op_families": "Op uses by family",
+    "sizes": "Input sizes (log2 bins)",
+    "eager_ms": "Median eager time",
+    "output_max_abs": "Largest output magnitude",
+    "similarity": "Highest similarity to the reference",
+}
+ORANGE = "#dd8452"
+COMPARISON_PREFIX = "vs_reference_"  # the card's comparison plots, beside its own
+
+
+def make_comparison_plots(comparison: dict, folder: Path, prefix: str = "") -> dict[str, str]:
+    """The report's plots (file names start with `prefix`; the card's are `vs_reference_*`);
+    a measure neither side has gets none. Returns {name: path relative to folder's parent}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sides = (comparison["dataset"]["name"], comparison["reference"]["name"])
+    paths = {}
+    for name, rows in (("op_count_mix", comparison["op_count_mix"]), ("op_families", comparison["op_families"])):
+        paths[name] = _paired_bars(folder, prefix, name, sides, rows, "share")
+    paths["top_ops"] = _paired_bars(folder, prefix, "top_ops", sides, comparison["top_ops"][::-1],
+                                    "share of tasks", horizontal=True)
+    paths["sizes"] = _paired_histograms(folder, prefix, "sizes", sides, [comparison["sizes"][side]["histogram"]
+                                                                         for side in ("dataset", "reference")])
+    for name in ("eager_ms", "output_max_abs"):
+        spreads = [comparison[name][side] for side in ("dataset", "reference")]
+        if any(spreads):
+            paths[name] = _paired_histograms(folder, prefix, name, sides, [s and s["histogram"] for s in spreads])
+    if comparison.get("similarity"):
+        paths["similarity"] = _paired_histograms(folder, prefix, "similarity", sides,
+                                                 [comparison["similarity"]["histogram"], None])
+    return paths
+
+
+def _paired_bars(folder: Path, prefix: str, name: str, sides: tuple, rows: list[dict], unit: str,
+                 horizontal: bool = False) -> str:
+    """Each key's share on both sides, as two bars."""
+    labels = [_short_name(row["key"]) for row in rows]
+    if horizontal:
+        figure, axes = plt.subplots(figsize=(6, 0.3 * len(rows) + 1.4), dpi=100)
+    else:
+        figure, axes = plt.subplots(figsize=(6, 3.4), dpi=100)
+    axes.set_title(COMPARISON_PLOTS[name])
+    positions = range(len(rows))
+    bar = axes.barh if horizontal else axes.bar
+    for offset, side, key, color in ((-0.2, sides[0], "dataset", BLUE), (0.2, sides[1], "reference", ORANGE)):
+        bar([p + offset for p in positions], [row[key] for row in rows], 0.4, color=color, label=side)
+    if horizontal:
+        axes.set_yticks(list(positions), labels, fontsize=7)
+        axes.set_xlabel(unit)
+    else:
+        axes.set_xticks(list(positions), labels, rotation=30 if len(labels) > 5 else 0,
+                        ha="right" if len(labels) > 5 else "center")
+        axes.set_ylabel(unit)
+    axes.legend(fontsize=7)
+    return _save(figure, folder, prefix + name)
+
+
+def _paired_histograms(folder: Path, prefix: str, name: str, sides: tuple, histograms: list) -> str:
+    """Share of each side's tasks per bin; a side without the measure has no bars."""
+    edges = next(h for h in histograms if h)["edges"]
+    labels = [f"{_edge(edges[i])}-{_edge(edges[i + 1])}" for i in range(len(edges) - 1)]
+    figure, axes = plt.subplots(figsize=(6.4, 3.4), dpi=100)
+    axes.set_title(COMPARISON_PLOTS[name])
+    positions = range(len(labels))
+    for offset, side, found, color in ((-0.2, sides[0], histograms[0], BLUE), (0.2, sides[1], histograms[1], ORANGE)):
+        if found:
+            total = sum(found["counts"]) or 1
+            axes.bar([p + offset for p in positions], [c / total for c in found["counts"]], 0.4, color=color, label=side)
+    axes.set_xticks(list(positions), labels, rotation=45, ha="right", fontsize=7)
+    axes.set_ylabel("share")
+    axes.legend(fontsize=7)
+    return _save(figure, folder, prefix + name)
+
+
+def _edge(value: float) -> str:
+    if value == float("inf") or value >= 2 ** 62:
+        return "inf"
+    return f"{value:g}"

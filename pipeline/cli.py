@@ -140,6 +140,14 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--message", help="commit message (default: opsynth dataset VERSION)")
     publish.set_defaults(handler=_publish)
 
+    report = commands.add_parser("report", help="a dataset folder beside a reference benchmark, with plots")
+    report.add_argument("dir", help="a dataset folder (the --out of `opsynth run` or `opsynth validate`)")
+    report.add_argument("--against", required=True,
+                        help="KernelBench checkout, folder, Parquet file, Hub id or another dataset folder")
+    report.add_argument("--out", help="where report.md, report.json and plots/ go (default: DIR/report)")
+    report.add_argument("--levels", default="1,2,3", help="KernelBench levels to use (default: 1,2,3)")
+    report.set_defaults(handler=_report)
+
     crawl = commands.add_parser("crawl", help="build the operator catalog")
     crawl.add_argument("--library", dest="libraries", action="append",
                        help="torch, or any importable module such as torchvision.ops (repeatable; default: torch)")
@@ -216,6 +224,17 @@ def _publish(args, beam_args) -> int:
     return 0
 
 
+def _report(args, beam_args) -> int:
+    from outputs.report import ReportError, write_report
+
+    try:
+        page = write_report(args.dir, args.against, args.out, _levels(args.levels))
+    except ReportError as error:
+        raise ConfigError(str(error)) from None
+    print(page)
+    return 0
+
+
 def _dedupe(args, beam_args) -> int:
     import os
 
@@ -224,10 +243,7 @@ def _dedupe(args, beam_args) -> int:
     from pipeline.dedupe import dedupe_report
     from pipeline.config import default_cache_dir
 
-    try:
-        levels = tuple(int(level) for level in args.levels.split(","))
-    except ValueError:
-        raise ConfigError(f"--levels must be comma-separated numbers such as 1,2,3, not {args.levels!r}") from None
+    levels = _levels(args.levels)
     workers = args.workers or min(os.cpu_count() or 1, 8)
     # tracing runs the tasks' code (on the meta device): in the sandbox, like every task
     with WorkerPool(workers, SandboxOptions(timeout_s=120, threads=1, warm_up=False)) as pool:
@@ -240,6 +256,13 @@ def _dedupe(args, beam_args) -> int:
     print(f"{args.out}: {len(rows)} tasks, {removed} removed "
           f"({sum(row['max_similarity'] > args.threshold for row in rows)} similar to the reference)")
     return 0
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(level) for level in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--levels must be comma-separated numbers such as 1,2,3, not {text!r}") from None
 
 
 if __name__ == "__main__":
