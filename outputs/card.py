@@ -5,6 +5,8 @@ import pyarrow as pa
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from filters.sandbox.checks import SANDBOX_REASONS, glossary
+from outputs.plots import COMPARISON_PREFIX
+from outputs.report import comparison_lines
 from outputs.schema import SAMPLE_COLUMNS, SAMPLE_SCHEMA
 from outputs.stats import ranked
 
@@ -104,6 +106,7 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         *_table(["eager ms", "samples"], _histogram_rows(stats["eager_ms_histogram"])),
         "",
         *_plot(plots, "eager_ms"),
+        *_reference_comparison(stats, plots),
         "## Reject funnel",
         "",
         *_table(["stage", "entered", "rejected"],
@@ -168,6 +171,18 @@ def _op_frequency(stats: dict) -> list[str]:
             + (f"{heavy:.1%} of samples hold a compute-heavy op (a matmul, convolution, attention, recurrent "
                "cell or normalisation)." if heavy is not None else ""), "",
             *_table(["op", "samples"], ranked(stats["op_frequency"])), ""]
+
+
+def _reference_comparison(stats: dict, plots: dict[str, str]) -> list[str]:
+    """The run's tasks beside its reference (outputs/report.py), when it had one."""
+    comparison = stats.get("reference_comparison")
+    if not comparison:
+        return []
+    own = {name[len(COMPARISON_PREFIX):]: path for name, path in plots.items() if name.startswith(COMPARISON_PREFIX)}
+    return [f"## Beside {comparison['reference']['name']}", "",
+            "The accepted tasks beside the reference they were decontaminated against, side by side "
+            "(`opsynth report` writes the same page for any two sets).", "",
+            *comparison_lines(comparison, own, level="###")]
 
 
 def _decontamination(stats: dict) -> list[str]:

@@ -8,23 +8,29 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from filters.similarity.reference import ReferenceSet
 from operators.records import Candidate, Verdict
 from outputs.card import render_card
 from outputs.plots import make_plots
+from outputs.report import compare, profile_reference, profile_rows
 from outputs.schema import REJECT_SCHEMA, ROW_GROUP_SIZE, ROWS_PER_SHARD, SAMPLE_SCHEMA
 from outputs.stats import compute_stats
 
 Record = tuple[Candidate, Verdict]
 
 
-def write_dataset(out_dir: Path, records: list[Record], run_info: dict) -> dict:
-    """Write data/, rejects/, stats.json and README.md; returns the stats."""
+def write_dataset(out_dir: Path, records: list[Record], run_info: dict, reference: ReferenceSet | None = None) -> dict:
+    """Write data/, rejects/, stats.json and README.md; returns the stats. With the run's
+    `reference`, the stats and the card hold the accepted tasks beside it (outputs/report.py)."""
     out_dir = Path(out_dir)
     accepted = [sample_row(c, v, run_info) for c, v in records if v.passed]
     rejected = [reject_row(c, v) for c, v in records if not v.passed]
     shards = write_shards(out_dir / "data", "train", accepted, SAMPLE_SCHEMA)
     write_shards(out_dir / "rejects", "rejects", rejected, REJECT_SCHEMA)
     stats = compute_stats(records, run_info)
+    if reference is not None:
+        stats["reference_comparison"] = compare(profile_rows("this dataset", accepted), profile_reference(reference),
+                                                similarity=False)
     plots = make_plots(stats, out_dir / "plots")
     sizes = {"num_bytes": pa.Table.from_pylist(accepted, schema=SAMPLE_SCHEMA).nbytes,
              "download_size": sum(shard.stat().st_size for shard in shards)}

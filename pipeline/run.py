@@ -108,7 +108,7 @@ def run(cfg: RunConfig) -> dict:
     ledger(len(records))
     info = run_info(cfg, device, reference, stop_reason, read_invocations(setup.staging), resumed,
                     sum(v.passed for _, v in records), sorted({spec.library for spec in catalog}))
-    stats = write_dataset(out_dir, records, info)
+    stats = write_dataset(out_dir, records, info, reference)
     log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
     copy_to_remote(out_dir, cfg.out)
     return {**stats, "endpoint_down": down is not None}

@@ -3,6 +3,7 @@ import json
 import re
 import textwrap
 
+from filters.similarity.reference import load_reference
 from operators.records import Candidate, Verdict
 from outputs.dataset import write_dataset
 from outputs.report import text_ops
@@ -53,9 +54,9 @@ def accepted(index: int, ops, sizes: dict, forward: str, eager_ms: float) -> tup
     return candidate, Verdict(candidate.id, "accepted", True, "", "", metrics)
 
 
-def dataset_folder(folder, eager_ms=(2.0, 3.0, 4.0, 5.0)):
+def dataset_folder(folder, eager_ms=(2.0, 3.0, 4.0, 5.0), reference=None):
     records = [accepted(i, *sample, eager_ms[i]) for i, sample in enumerate(SAMPLES)]
-    write_dataset(folder, records, RUN_INFO)
+    write_dataset(folder, records, RUN_INFO, reference)
     return folder
 
 
@@ -134,3 +135,20 @@ def test_a_folder_that_is_no_dataset_is_one_clear_line(tmp_path, capsys):
     assert code == 2 and "is not a dataset folder" in out and "Traceback" not in out
     code, out = report(capsys, dataset_folder(tmp_path / "data"), "--against", tmp_path / "nowhere")
     assert code == 2 and "no such file or folder" in out and "Traceback" not in out
+
+
+def test_the_card_of_a_run_with_a_reference_has_the_comparison(tmp_path):
+    reference = load_reference(str(reference_checkout(tmp_path / "ref")))
+    folder = dataset_folder(tmp_path / "run", reference=reference)
+    card = (folder / "README.md").read_text()
+    assert f"## Beside {reference.name}" in card and "### Op-count mix" in card
+    assert "| `linear` | 75.0% | 33.3% |" in card
+    for path in re.findall(r"\((plots/vs_reference_[\w.]+)\)", card):
+        assert (folder / path).is_file()
+    assert len(re.findall(r"plots/vs_reference_", card)) == 6  # no similarity plot: the card has the run's own
+    stats = json.loads((folder / "stats.json").read_text())
+    assert stats["reference_comparison"]["dataset"]["tasks"] == 4
+
+    plain = dataset_folder(tmp_path / "plain")
+    assert "## Beside" not in (plain / "README.md").read_text()
+    assert not list((plain / "plots").glob("vs_reference_*"))
