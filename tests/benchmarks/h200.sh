@@ -9,6 +9,7 @@
 #   bash tests/benchmarks/h200.sh ops6k SECONDS                 # the ops6k recipe (template composer), resumed
 #   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
+#   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -70,6 +71,28 @@ PY
     grep -E "catalog:|reference traced|round of" /tmp/ops6k/run.log | tail -40
     tar -czf "$OUT/ops6k-state.tar.gz" /tmp/ops6k /tmp/opsynth-cache 2>/dev/null
     cp /tmp/ops6k/stats.json /tmp/ops6k/run.log "$OUT/" 2>/dev/null
+    exit 0
+fi
+if [ "$STAGE" = report ]; then
+    # `opsynth report` for the ops6k run (its state carried as for the ops6k stage): beside
+    # KernelBench level 2 run through `opsynth validate` on this GPU (eager ms and output
+    # magnitude on both sides), and beside the checkout's text. The validated level 2 goes back
+    # as kb-l2.tar.gz: carry it in .device-cache/ and the next call skips the validation.
+    tar -xzf .device-cache/ops6k-state.tar.gz -C / || { echo "carry .device-cache/ops6k-state.tar.gz"; exit 1; }
+    [ -f .device-cache/kb-l2.tar.gz ] && tar -xzf .device-cache/kb-l2.tar.gz -C /
+    if [ ! -f /tmp/kb-l2/stats.json ]; then
+        timeout -s INT -k 15 "${1:-420}" python3 -m pipeline.cli validate .kb/KernelBench/level2 --out /tmp/kb-l2 \
+            --device cuda --cache-dir /tmp/opsynth-cache --timeout-s 240 --max-memory-gb 24 2>&1 | grep -v "^WARNING" | tail -3
+        tar -czf "$OUT/kb-l2.tar.gz" /tmp/kb-l2/data /tmp/kb-l2/stats.json 2>/dev/null
+    fi
+    for against in /tmp/kb-l2 .kb/KernelBench; do
+        name=report-$(basename "$against")
+        start=$(date +%s.%N)
+        python3 -m pipeline.cli report /tmp/ops6k --against "$against" --levels 2 --out "/tmp/$name" 2>&1 | tail -2
+        echo "$name wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+    done
+    tar -czf "$OUT/reports.tar.gz" /tmp/report-kb-l2 /tmp/report-KernelBench
+    cp /tmp/report-kb-l2/report.md "$OUT/report-kb-l2.md"
     exit 0
 fi
 if [ "$STAGE" = funnel ]; then
