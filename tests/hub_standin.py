@@ -2,7 +2,8 @@
 
 It serves just the routes huggingface_hub uses to create a dataset repo, commit files
 (inline, "regular" upload mode), tag, list refs and files, and download a file at a
-revision. It keeps every request it receives, so tests can assert what was sent, and it
+revision, and those `datasets.load_dataset` reads a repository through (its info, a
+folder listed one level deep). It keeps every request it receives, so tests can assert what was sent, and it
 can fail the next N requests to a route with a status of the test's choosing.
 """
 from __future__ import annotations
@@ -11,9 +12,10 @@ import base64
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from tests.loopback import LoopbackServer, send_json
 
@@ -41,6 +43,7 @@ class HubStandIn(LoopbackServer):
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str]] = []
         self.failures: dict[str, list[int]] = {}  # route name -> statuses to answer before serving
+        self.local = threading.local()
         super().__init__(self._handler())
 
     @property
@@ -72,11 +75,13 @@ class HubStandIn(LoopbackServer):
 
     def _route(self, request, method: str) -> None:
         path = unquote(urlparse(request.path).path)
+        self.local.query = parse_qs(urlparse(request.path).query)  # one thread a request
         self.requests.append((method, path))
         body = request.rfile.read(int(request.headers.get("Content-Length") or 0)) if method == "POST" else b""
         routes = [
             ("POST", r"/api/repos/create", "create", self._create),
             ("POST", r"/api/validate-yaml", "validate", lambda m, b: (200, {"errors": [], "warnings": []})),
+            ("GET", rf"/api/datasets/{REPO}(?:/revision/(?P<rev>[^/]+))?", "info", self._info),
             ("GET", rf"/api/datasets/{REPO}/refs", "refs", self._refs),
             ("GET", rf"/api/datasets/{REPO}/tree/(?P<rev>[^/]+)(?P<sub>/.*)?", "tree", self._tree),
             ("POST", rf"/api/datasets/{REPO}/preupload/(?P<rev>[^/]+)", "preupload", self._preupload),
@@ -123,6 +128,18 @@ class HubStandIn(LoopbackServer):
                      "tags": [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": o} for t, o in repo.tags.items()],
                      "pullRequests": []}
 
+    def _info(self, match, body):
+        """What `datasets.load_dataset` asks first: the repo's commit and files at a revision."""
+        repo, missing = self._repo(match)
+        if missing:
+            return missing
+        found = repo.files_at(match["rev"] or "main")
+        if found is None:
+            return 404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"}
+        oid, files = found
+        return 200, {"id": match["repo"], "sha": oid, "private": repo.private, "cardData": {},
+                     "siblings": [{"rfilename": path} for path in sorted(files)]}
+
     def _tree(self, match, body):
         repo, missing = self._repo(match)
         if missing:
@@ -132,8 +149,16 @@ class HubStandIn(LoopbackServer):
             return 404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"}
         _, files = found
         prefix = (match["sub"] or "").strip("/")
-        return 200, [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                     for p, b in sorted(files.items()) if p.startswith(prefix)]
+        listed = [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                  for p, b in sorted(files.items()) if p.startswith(prefix)]
+        if self.local.query.get("recursive") != ["false"]:
+            return 200, listed
+        # one level: the folder's files and its subfolders, as `datasets` lists a repository
+        inside = prefix + "/" if prefix else ""
+        children = [entry for entry in listed if "/" not in entry["path"][len(inside):]]
+        folders = sorted({inside + p[len(inside):].split("/", 1)[0] for p in files
+                          if p.startswith(inside) and "/" in p[len(inside):]})
+        return 200, children + [{"type": "directory", "path": folder, "oid": "0" * 40} for folder in folders]
 
     def _preupload(self, match, body):
         repo, missing = self._repo(match)

@@ -2,12 +2,18 @@
 import json
 import re
 import textwrap
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from huggingface_hub import HfApi
 
 from filters.similarity.reference import load_reference
 from operators.records import Candidate, Verdict
 from outputs.dataset import write_dataset
 from outputs.report import text_ops
 from pipeline.cli import main
+from tests.hub_standin import HubStandIn
 from tests.outputs.test_dataset import RUN_INFO
 
 # (ops, size constants, forward body): what a composer would have fused, and the task's shapes.
@@ -127,6 +133,35 @@ def test_against_another_dataset_folder_both_sides_have_eager_time(tmp_path, cap
     comparison = json.loads((mine / "report" / "report.json").read_text())
     assert all(row["dataset"] == row["reference"] for row in comparison["op_count_mix"])  # the same tasks
     assert comparison["similarity"]["max"] == 1.0
+
+
+def point_the_hub_clients_at(endpoint: str, monkeypatch) -> None:
+    """huggingface_hub and datasets read HF_ENDPOINT once, at import: their constants move instead."""
+    import datasets.config
+    import huggingface_hub.constants
+    monkeypatch.setenv("HF_TOKEN", "hf_standin_token")
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HUB_DATASETS_URL", endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}")
+
+
+def test_against_a_hub_id_reads_the_reference_from_the_hub(tmp_path, capsys, monkeypatch):
+    repo = f"org/reference-{uuid.uuid4().hex[:8]}"  # the Hub cache outlives the session: a new name each time
+    table = pa.table({"name": list(REFERENCE), "code": [task(*REFERENCE[name]) for name in REFERENCE]})
+    pq.write_table(table, tmp_path / "level_2.parquet")
+    with HubStandIn() as hub:
+        point_the_hub_clients_at(hub.endpoint, monkeypatch)
+        api = HfApi(endpoint=hub.endpoint, token="hf_standin_token")
+        api.create_repo(repo, repo_type="dataset")
+        api.upload_file(path_or_fileobj=str(tmp_path / "level_2.parquet"), path_in_repo="data/level_2-00000.parquet",
+                        repo_id=repo, repo_type="dataset")
+        code, out = report(capsys, dataset_folder(tmp_path / "data"), "--against", repo, "--levels", "2")
+    assert code == 0, out
+    comparison = json.loads((tmp_path / "data" / "report" / "report.json").read_text())
+    assert comparison["reference"]["name"] == repo and comparison["reference"]["tasks"] == 3
+    assert rows(comparison, "top_ops")["linear"] == (0.75, 0.3333)
 
 
 def test_a_folder_that_is_no_dataset_is_one_clear_line(tmp_path, capsys):
