@@ -154,8 +154,9 @@ def _paired_bars(folder: Path, prefix: str, name: str, sides: tuple, rows: list[
         axes.set_yticks(list(positions), labels, fontsize=7)
         axes.set_xlabel(unit)
     else:
-        axes.set_xticks(list(positions), labels, rotation=30 if len(labels) > 5 else 0,
-                        ha="right" if len(labels) > 5 else "center")
+        crowded = sum(len(label) for label in labels) > 40
+        axes.set_xticks(list(positions), labels, rotation=30 if crowded else 0, ha="right" if crowded else "center",
+                        fontsize=8)
         axes.set_ylabel(unit)
     axes.legend(fontsize=7)
     return _save(figure, folder, prefix + name)
@@ -168,10 +169,12 @@ def _paired_histograms(folder: Path, prefix: str, name: str, sides: tuple, histo
     figure, axes = plt.subplots(figsize=(6.4, 3.4), dpi=100)
     axes.set_title(COMPARISON_PLOTS[name])
     positions = range(len(labels))
+    both = all(histograms)
     for offset, side, found, color in ((-0.2, sides[0], histograms[0], BLUE), (0.2, sides[1], histograms[1], ORANGE)):
         if found:
             total = sum(found["counts"]) or 1
-            axes.bar([p + offset for p in positions], [c / total for c in found["counts"]], 0.4, color=color, label=side)
+            axes.bar([p + (offset if both else 0) for p in positions], [c / total for c in found["counts"]],
+                     0.4 if both else 0.8, color=color, label=side)
     axes.set_xticks(list(positions), labels, rotation=45, ha="right", fontsize=7)
     axes.set_ylabel("share")
     axes.legend(fontsize=7)
@@ -179,6 +182,9 @@ def _paired_histograms(folder: Path, prefix: str, name: str, sides: tuple, histo
 
 
 def _edge(value: float) -> str:
+    """A bin edge as a person reads it: 1k for 1024, inf for the open end, 1 for 1.0001."""
     if value == float("inf") or value >= 2 ** 62:
         return "inf"
-    return f"{value:g}"
+    if value >= 1024 and float(value).is_integer() and int(value) & (int(value) - 1) == 0:
+        return f"{int(value) // 1024}k"
+    return f"{round(value, 3):g}"

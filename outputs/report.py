@@ -335,7 +335,7 @@ def comparison_lines(comparison: dict, plots: dict[str, str], level: str) -> lis
     head = ["", mine["name"], theirs["name"]]
     return [
         *_table(head, _summary_rows(comparison)), "",
-        _ops_source(mine), "",
+        _ops_source(comparison), "",
         f"{level} Op-count mix", "",
         "Share of tasks by the number of ops they fuse.", "",
         *_table(["ops", *head[1:]], [(r["key"], _pct(r["dataset"]), _pct(r["reference"]))
@@ -380,12 +380,18 @@ def _summary_rows(comparison: dict) -> list[tuple]:
             ("eager ms, median", *(_get(eager[side], "p50") for side in ("dataset", "reference")))]
 
 
-def _ops_source(about: dict) -> str:
+def _ops_source(comparison: dict) -> str:
+    sides = "; ".join(f"`{about['name']}`: {_source(about)}" for about in (comparison["dataset"], comparison["reference"]))
+    return (f"Where the ops come from: {sides}. Ops read from text include the arithmetic and tensor methods a "
+            "task spells out, which a composed row's `ops` name only where the composer drew them.")
+
+
+def _source(about: dict) -> str:
+    if not about["ops_from_text"]:
+        return "its `ops` column"
     if about["ops_from_text"] == about["tasks"]:
-        return "Ops of both sides are read from the tasks' text."
-    return (f"Ops of `{about['name']}` come from its `ops` column ({about['ops_from_text']} tasks without one "
-            "are read from their text); the reference's are read from its tasks' text, so its op counts include "
-            "the arithmetic and tensor methods a task spells out.")
+        return "the tasks' text"
+    return f"its `ops` column, and the text of the {about['ops_from_text']} tasks without one"
 
 
 def _size_rows(sizes: dict) -> list[tuple]:
@@ -395,7 +401,7 @@ def _size_rows(sizes: dict) -> list[tuple]:
             ("powers of two", _pct(mine["power_of_two"]), _pct(theirs["power_of_two"])),
             ("tasks with every size a multiple of 8", _pct(mine["tasks_all_multiple_of_8"]),
              _pct(theirs["tasks_all_multiple_of_8"])),
-            ("median", mine["median"], theirs["median"])]
+            ("median", _number(mine["median"]), _number(theirs["median"]))]
 
 
 def _spread_section(spread: dict, head: list[str], unit: str, what: str) -> list[str]:
@@ -423,7 +429,11 @@ def _bins(histogram: dict) -> list[tuple]:
 
 
 def _get(spread: dict | None, key: str):
-    return "not measured" if spread is None or spread.get(key) is None else spread[key]
+    return "not measured" if spread is None or spread.get(key) is None else _number(spread[key])
+
+
+def _number(value):
+    return f"{value:.3g}" if isinstance(value, float) else value
 
 
 def _pct(share: float | None) -> str:

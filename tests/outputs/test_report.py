@@ -129,7 +129,7 @@ def test_against_another_dataset_folder_both_sides_have_eager_time(tmp_path, cap
     code, out = report(capsys, mine, "--against", theirs)
     assert code == 0, out
     page = (mine / "report" / "report.md").read_text()
-    assert "| p50 ms | 3.5 | 25.0 |" in page and "![eager_ms](plots/eager_ms.png)" in page
+    assert "| p50 ms | 3.5 | 25 |" in page and "![eager_ms](plots/eager_ms.png)" in page
     comparison = json.loads((mine / "report" / "report.json").read_text())
     assert all(row["dataset"] == row["reference"] for row in comparison["op_count_mix"])  # the same tasks
     assert comparison["similarity"]["max"] == 1.0
