@@ -170,6 +170,8 @@ def test_a_folder_that_is_no_dataset_is_one_clear_line(tmp_path, capsys):
     assert code == 2 and "is not a dataset folder" in out and "Traceback" not in out
     code, out = report(capsys, dataset_folder(tmp_path / "data"), "--against", tmp_path / "nowhere")
     assert code == 2 and "no such file or folder" in out and "Traceback" not in out
+    code, out = report(capsys, tmp_path / "data", "--against", tmp_path / "ref", "--levels", "two")
+    assert code == 2 and "--levels must be comma-separated numbers" in out and "Traceback" not in out
 
 
 def test_the_card_of_a_run_with_a_reference_has_the_comparison(tmp_path):
