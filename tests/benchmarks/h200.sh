@@ -76,12 +76,19 @@ fi
 if [ "$STAGE" = report ]; then
     # `opsynth report` for the ops6k run (its state carried as for the ops6k stage): beside
     # KernelBench level 2 run through `opsynth validate` on this GPU (eager ms and output
-    # magnitude on both sides), and beside the checkout's text. The validated level 2 goes back
+    # magnitude on both sides), and beside the checkout's text; the run's card (its comparison
+    # section) goes back with the reports. The validated level 2 goes back
     # as kb-l2.tar.gz: carry it in .device-cache/ and the next call skips the validation.
     tar -xzf .device-cache/ops6k-state.tar.gz -C / || { echo "carry .device-cache/ops6k-state.tar.gz"; exit 1; }
     [ -f .device-cache/kb-l2.tar.gz ] && tar -xzf .device-cache/kb-l2.tar.gz -C /
+    # written out again by this checkout: the output_max_abs column and the card's comparison section
+    export KERNELBENCH=$PWD/.kb/KernelBench
+    decided=$(cat /tmp/ops6k/.staging/round-*.jsonl 2>/dev/null | wc -l)
+    python3 -m pipeline.cli run --config ops6k --composer template --out /tmp/ops6k --cache-dir /tmp/opsynth-cache \
+        --timeout-s 240 --max-memory-gb 24 --max-candidates "$decided" 2>&1 | tail -1
+    level2=$(ls -d .kb/KernelBench/KernelBench/level2 .kb/KernelBench/level2 2>/dev/null | head -1)  # either layout
     if [ ! -f /tmp/kb-l2/stats.json ]; then
-        timeout -s INT -k 15 "${1:-420}" python3 -m pipeline.cli validate .kb/KernelBench/level2 --out /tmp/kb-l2 \
+        timeout -s INT -k 15 "${1:-420}" python3 -m pipeline.cli validate "$level2" --out /tmp/kb-l2 \
             --device cuda --cache-dir /tmp/opsynth-cache --timeout-s 240 --max-memory-gb 24 2>&1 | grep -v "^WARNING" | tail -3
         tar -czf "$OUT/kb-l2.tar.gz" /tmp/kb-l2/data /tmp/kb-l2/stats.json 2>/dev/null
     fi
@@ -91,7 +98,7 @@ if [ "$STAGE" = report ]; then
         python3 -m pipeline.cli report /tmp/ops6k --against "$against" --levels 2 --out "/tmp/$name" 2>&1 | tail -2
         echo "$name wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
     done
-    tar -czf "$OUT/reports.tar.gz" /tmp/report-kb-l2 /tmp/report-KernelBench
+    tar -czf "$OUT/reports.tar.gz" /tmp/report-kb-l2 /tmp/report-KernelBench /tmp/ops6k/README.md /tmp/ops6k/plots
     cp /tmp/report-kb-l2/report.md "$OUT/report-kb-l2.md"
     exit 0
 fi
