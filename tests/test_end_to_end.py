@@ -89,7 +89,7 @@ def test_run_writes_the_design_layout_and_loads_with_datasets(run_dir):
     assert stats["composed"] == stats["accepted"] + stats["rejected"] == loaded.num_rows + rejects.num_rows
     assert stats["resumed_candidates"] == 0
     rate = stats["accepted"] / stats["wall_time_s"] * 3600
-    assert abs(stats["accepted_per_hour"] - rate) <= 0.01 * rate
+    assert abs(stats["accepted_per_hour"] - rate) <= 0.5  # a whole number per hour
     ids = list(loaded["id"]) + [row["id"] for row in rejects.to_pylist() if row["reason"] != "duplicate"]
     assert len(ids) == len(set(ids))  # one verdict per distinct task; a repeat is rejected as `duplicate`
     assert (out / "README.md").read_text().startswith("---\n")
