@@ -67,6 +67,17 @@ def gpu_share_gb(gpus: list[int], workers: int) -> float:
     return 0.9 * min(torch.cuda.get_device_properties(g).total_memory for g in gpus) / 2**30 / per_gpu
 
 
+BUDGET_WORKERS_PER_GPU = 8  # the task memory budget is a third of the share 8 workers of a GPU would get
+
+
+def task_memory_budget_gb(gpus: list[int]) -> float:
+    """GPU memory the resize search gives one task: a third of the share of 8 workers a GPU
+    (the later checks hold a second model and more outputs), whatever the number of workers,
+    so the same candidate gets the same verdict. A job that then runs out of its worker's
+    smaller share runs again alone (filters/sandbox/worker.py: retried_alone)."""
+    return gpu_share_gb(gpus, BUDGET_WORKERS_PER_GPU * len(gpus)) / 3
+
+
 def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:
     on_host = workers * beam_processes(cfg.beam_args)  # every Beam process of the host has a pool this size
     return SandboxOptions(
@@ -74,6 +85,7 @@ def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, 
         threads=max(1, (os.cpu_count() or 1) // on_host), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=gpu_lock_dir() if device == "cuda" else None,
         gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None,
+        task_memory_budget_gb=task_memory_budget_gb(gpus) if device == "cuda" else None,
         # until tests/benchmarks/bench_gpu_warm_up.py has shown on a GPU host what each level buys
         gpu_warm_up=os.environ.get("OPSYNTH_GPU_WARM_UP", "imports"))
 

@@ -69,6 +69,9 @@ class SandboxOptions:
     timing_lock_dir: str | None = None
     # GPU memory one worker may take (the task cap plus headroom); None leaves it unbounded.
     gpu_memory_gb: float | None = None
+    # GPU memory the timing check's resize search gives one task (None: the task cap). Not the
+    # worker's share: a verdict must not change with the number of workers.
+    task_memory_budget_gb: float | None = None
     # What a GPU worker's zygote readies before forking (worker.warm_for_gpu): "imports",
     # "triton" (Triton's CUDA helpers built once, not by every child) or "dynamo" (and a
     # trusted Dynamo compile on the CPU, torch told there is no GPU meanwhile).

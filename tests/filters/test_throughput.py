@@ -131,3 +131,20 @@ print("WARMED", said)
     refused = subprocess.run([sys.executable, "-c", "from filters.sandbox.worker import warm_for_gpu; "
                               f"warm_for_gpu('everything', {str(tmp_path)!r})"], capture_output=True, text=True)
     assert "unknown GPU warm-up" in refused.stderr
+
+
+def test_a_worker_on_a_shared_gpu_runs_a_job_again_alone_after_its_memory_ran_out(cache_dir):
+    """Through the real pool, with a GPU worker's options on this CPU (the task runs on the
+    CPU; its allocation fails as on a full GPU): the job that ran out of memory is run again
+    alone, once, and its verdict is the second run's; a job that did not is never rerun."""
+    from filters.sandbox.pool import WorkerPool
+    from tests.conftest import make_task, sandbox_options
+
+    hog = make_task("return x + torch.empty(1 << 40).sum()")
+    fine = make_task("return torch.tanh(x) * 2")
+    options = sandbox_options(cache_dir, device="cuda", memory_guard="rlimit", max_memory_gb=2, gpu_memory_gb=1.0)
+    with WorkerPool(1, options) as pool:
+        ran_out, passed = pool.run_many([{"code": code, "config": {"device": "cpu", "window_ms": [1e-6, 1e6],
+                                                                       "compile": False}} for code in (hog, fine)])
+    assert ran_out["reason"] == "out_of_memory" and ran_out["metrics"].get("retried_alone") is True, ran_out
+    assert passed["passed"] and "retried_alone" not in passed["metrics"], passed
