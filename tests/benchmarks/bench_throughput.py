@@ -17,6 +17,8 @@ machine). From the command's own records it prints:
   worker, wait behind it);
 - the GPU busy share: NVML's utilisation sampled twice a second during the run, and the
   share of the wall the GPU was held alone;
+- the bounds: the accepted/h every core busy with the jobs' own work would give, and the
+  GPU's exclusive holds back to back (what limits the rate, and how far the run is from it);
 - candidates wasted: exact repeats of an earlier candidate (same task id) and NaN/Inf
   outputs, with the worker-seconds they cost; jobs retried alone after running out of
   GPU memory, and how many of those then passed.
@@ -177,10 +179,24 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
                    "longest_hold_ms": round(_num(longest, "gate_longest_ms")),
                    "longest_hold_step": longest.get("gate_longest_step")},
         "gpu_busy_share": busy, "gpu_alone_share": round(alone_s / wall_s, 3),
+        "bounds_accepted_per_hour": bounds(len(records), accepted, job_s, metrics, alone_s),
         "wasted": wasted,
         "retried_alone": {"jobs": len(retried), "accepted": sum(bool(v["passed"]) for v in retried)},
         "rejected_by_reason": dict(Counter(v["reason"] for v in verdicts if not v["passed"]).most_common()),
     }
+
+
+def bounds(candidates: int, accepted: int, job_s: float, metrics: list[dict], alone_s: float) -> dict:
+    """The rates the host's two resources allow at this acceptance share: every core busy
+    with the jobs' own work (their wall less their wait at the gate), and the GPU doing
+    nothing but the timers' exclusive holds back to back."""
+    if not candidates or not accepted:
+        return {}
+    share = accepted / candidates
+    busy_s = job_s - sum(_num(m, "gate_wait_ms") for m in metrics) / 1e3
+    cores = os.cpu_count() or 1
+    return {"cores": round(cores * 3600 / (busy_s / candidates) * share) if busy_s > 0 else None,
+            "gpu_alone": round(3600 / (alone_s / candidates) * share) if alone_s > 0 else None}
 
 
 def wasted_work(records: list[dict]) -> dict:
@@ -214,6 +230,9 @@ def print_report(s: dict) -> None:
     print(f"GPU gate: waiting {gate['waiting']} s, alone {gate['alone']} s, shared {gate['shared']} s, "
           f"longest hold {gate['longest_hold_ms']} ms ({gate['longest_hold_step']})")
     print(f"GPU busy share {s['gpu_busy_share']} (NVML), held alone {s['gpu_alone_share']} of the wall")
+    b = s["bounds_accepted_per_hour"]
+    print(f"bounds at this acceptance: {b.get('cores')} accepted/h with every core busy on the jobs' own work, "
+          f"{b.get('gpu_alone')} with the GPU timing back to back")
     w = s["wasted"]
     print(f"wasted: {w['repeats']} repeats ({w['repeats_worker_s']} worker-s), {w['nan_or_inf']} nan_or_inf "
           f"({w['nan_or_inf_worker_s']} worker-s); retried alone after a GPU memory failure: "

@@ -106,6 +106,9 @@ def test_the_benchmark_rates_and_splits_add_up():
     assert s["gate_s"]["longest_hold_step"] == "forward" and s["gate_s"]["waiting"] == 0.2
     assert s["retried_alone"] == {"jobs": 1, "accepted": 0}
     assert s["rejected_by_reason"] == {"nan_or_inf": 1}
+    # 2 candidates in 5 s of jobs, 0.2 s of it waiting: 2.4 s of own work each; half accepted
+    cores = __import__("os").cpu_count()
+    assert s["bounds_accepted_per_hour"] == {"cores": round(cores * 3600 / 2.4 * 0.5), "gpu_alone": 36000}
 
 
 def test_a_gpu_zygote_warms_dynamo_without_leaving_torch_blind_to_the_gpu(tmp_path):
