@@ -651,8 +651,6 @@ def warm_for_gpu(level: str, cache_dir: str) -> str:
 
 
 def _warm_dynamo_without_cuda() -> None:
-    import functools
-
     import torch
 
     from filters.sandbox.execution import load_task
