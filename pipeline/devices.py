@@ -29,14 +29,27 @@ def resolve_device(requested: str) -> tuple[str, list[int]]:
     return "cuda", list(range(torch.cuda.device_count()))
 
 
+MIN_WORKER_GPU_GB = 6.0  # the smallest share of a GPU's memory a default worker gets
+
+
 def default_workers(device: str, gpus: list[int], beam_args: list[str] = ()) -> int:
-    """One sandbox worker a core, at most 8 (on a GPU host: 8 per GPU). Compilation and the
-    correctness checks run on the cores in parallel; timing takes turns on each GPU. Under
-    the multi-process DirectRunner every Beam process has its own pool: they share the cores."""
+    """One sandbox worker a core; on a CPU host at most 8, on a GPU host as many as each GPU
+    can give MIN_WORKER_GPU_GB of memory (20 on an H200). A candidate's work is mostly CPU
+    (compiling, the correctness checks' Python) and the GPU gate is held only around GPU work,
+    so workers scale with the cores; timing takes turns on each GPU, and a job whose GPU
+    memory runs out in its share runs again alone. Under the multi-process DirectRunner every
+    Beam process has its own pool: they share the cores."""
     cores = os.cpu_count() or 1
     processes = beam_processes(beam_args)
-    per_host = min(cores, 8 * len(gpus)) if device == "cuda" else min(cores, 8)
+    per_host = min(cores, workers_per_gpu(gpus) * len(gpus)) if device == "cuda" else min(cores, 8)
     return max(1, per_host // processes)
+
+
+def workers_per_gpu(gpus: list[int]) -> int:
+    """How many workers the smallest of `gpus` holds at MIN_WORKER_GPU_GB each (gpu_share_gb's 90%)."""
+    import torch
+    smallest_gb = min(torch.cuda.get_device_properties(g).total_memory for g in gpus) / 2**30
+    return max(1, math.floor(0.9 * smallest_gb / MIN_WORKER_GPU_GB))
 
 
 def beam_processes(beam_args) -> int:
@@ -54,13 +67,27 @@ def gpu_share_gb(gpus: list[int], workers: int) -> float:
     return 0.9 * min(torch.cuda.get_device_properties(g).total_memory for g in gpus) / 2**30 / per_gpu
 
 
+BUDGET_WORKERS_PER_GPU = 8  # the task memory budget is a third of the share 8 workers of a GPU would get
+
+
+def task_memory_budget_gb(gpus: list[int]) -> float:
+    """GPU memory the resize search gives one task: a third of the share of 8 workers a GPU
+    (the later checks hold a second model and more outputs), whatever the number of workers,
+    so the same candidate gets the same verdict. A job that then runs out of its worker's
+    smaller share runs again alone (filters/sandbox/worker.py: retried_alone)."""
+    return gpu_share_gb(gpus, BUDGET_WORKERS_PER_GPU * len(gpus)) / 3
+
+
 def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:
     on_host = workers * beam_processes(cfg.beam_args)  # every Beam process of the host has a pool this size
     return SandboxOptions(
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
         threads=max(1, (os.cpu_count() or 1) // on_host), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=gpu_lock_dir() if device == "cuda" else None,
-        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None)
+        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None,
+        task_memory_budget_gb=task_memory_budget_gb(gpus) if device == "cuda" else None,
+        # until tests/benchmarks/bench_gpu_warm_up.py has shown on a GPU host what each level buys
+        gpu_warm_up=os.environ.get("OPSYNTH_GPU_WARM_UP", "imports"))
 
 
 def gpu_lock_dir() -> str:

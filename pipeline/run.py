@@ -237,7 +237,7 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
     return {**CHECK_DEFAULTS, **cfg.checks, "device": device, "seed": cfg.seed, "atol": cfg.atol, "rtol": cfg.rtol,
             "determinism_tol": cfg.determinism_tol, "window_ms": list(cfg.window_ms), "target_ms": cfg.target_ms,
             "max_task_memory_gb": cfg.max_task_memory_gb,
-            "memory_budget_gb": sandbox.gpu_memory_gb / 3 if sandbox.gpu_memory_gb else None,
+            "memory_budget_gb": sandbox.task_memory_budget_gb,
             "op_graph": GRAPH_VERSION,  # verdicts stored before tracing carry no op sequence
             "checks": list(CHECK_STAGES)}  # verdicts stored before a check was added do not count
 

@@ -197,7 +197,7 @@ class InTimingWindow(Check):
         cap_bytes = memory_cap_mb(cfg) * 2**20
         original, too_fast_at, too_slow_at = t.code, 0, math.inf
         for attempt in range(cfg["max_resize_rounds"] + 1):
-            with gate.shared():
+            with gate.shared("quick timing"):
                 eager_ms, peak = measure(t.model, t.inputs, cfg, device, precise=False)
             record = dict(resize_rounds=attempt, resized=t.code != original)
             metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None, **record)
@@ -382,9 +382,9 @@ class Pure(Check):
         gate, model, metrics = t.gate, t.model, t.metrics
         weights = gate.call(lambda: [w.detach().clone() for w in purity.weights(model)])
         state, rng = purity.fingerprint(model, t.task), purity.rng_states()
-        args = fresh_copies(t.inputs)
+        args = gate.call(fresh_copies, t.inputs)
         given = [x for x in args if isinstance(x, torch.Tensor)]
-        kept = [x.clone() for x in given]
+        kept = gate.call(lambda: [x.clone() for x in given])
         first = gate.call(call_raw, model, args)
         second = gate.call(call_raw, model, fresh_copies(t.inputs))
         metrics.update(inputs_unchanged=gate.call(purity.same_tensors, given, kept),
@@ -721,8 +721,10 @@ class Compiles(Check):
             raise Reject("compile", "compile_error", short(error))
         finally:
             t.metrics["compile_ms"] = (time.perf_counter() - began) * 1e3
-        t.metrics["compile_max_diff"] = max_diff(t.out, compiled)
-        t.metrics["compile_tolerance_share"] = tolerance_share(compiled, t.out, t.cfg["atol"], t.cfg["rtol"])
+        # GPU work: a timer elsewhere must not measure beside it
+        t.metrics["compile_max_diff"] = t.gate.call(max_diff, t.out, compiled)
+        t.metrics["compile_tolerance_share"] = t.gate.call(tolerance_share, compiled, t.out, t.cfg["atol"],
+                                                           t.cfg["rtol"])
         self.stop_if_failed(t)
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
@@ -743,7 +745,7 @@ def gated_inductor(gate: GpuGate):
         compiled = _inductor(graph, example_inputs)
 
         def run(*args):
-            with gate.shared():
+            with gate.shared("compiled run"):
                 return compiled(*args)
         run._boxed_call = getattr(compiled, "_boxed_call", False)  # inductor's calling convention
         return run
@@ -763,6 +765,9 @@ BASE_DEFAULTS = {
     # The longest one step may hold the GPU gate: past it the task's process is ended at once
     # (SIGALRM), so a hang in forward frees the gate for every other worker within this.
     "gate_step_limit_s": 30.0,
+    # Every GPU step alone, the GPU's memory not split between workers: a job run again after
+    # its GPU memory ran out while other workers held theirs (filters/sandbox/worker.py).
+    "gpu_alone": False,
 }
 DEFAULTS = {**BASE_DEFAULTS, **{key: value for check in CHECKS for key, value in check.defaults.items()}}
 

@@ -54,22 +54,31 @@ class GpuGate:
     A step that holds the gate past `step_limit_s` ends its process (SIGALRM's default
     action): the OS releases its locks, and nobody waits behind a hang for long."""
 
-    def __init__(self, path: str | None, step_limit_s: float | None = None):
+    def __init__(self, path: str | None, step_limit_s: float | None = None, alone: bool = False):
         self.path, self.step_limit_s = path, step_limit_s
+        # Every step alone (a job run again after its GPU memory ran out): no other worker's
+        # step allocates while one of its steps runs.
+        self.alone = alone
         self.waited_s = 0.0  # time spent waiting to enter, either way
         self.alone_s = 0.0  # time spent holding the GPU alone
+        self.shared_s = 0.0  # time spent holding the GPU with others
+        self.longest_s, self.longest_step = 0.0, ""  # the longest single hold: what every timer waited behind
 
     @contextlib.contextmanager
-    def shared(self):
+    def shared(self, step: str = "a step"):
         if not self.path:
             yield
+            return
+        if self.alone:
+            with self.exclusive(step):
+                yield
             return
         with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
             fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
             fcntl.flock(gpu, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
-            self._entered(began)
+            entered = self._entered(began)
             try:
                 yield
                 if torch.cuda.is_initialized():  # the step's kernels finish before a timer may enter
@@ -77,14 +86,15 @@ class GpuGate:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
+                self.shared_s += self._held(entered, step)
 
     def call(self, step, *args):
         """`step(*args)` as one stretch of shared GPU work."""
-        with self.shared():
+        with self.shared(getattr(step, "__qualname__", type(step).__name__)):
             return step(*args)
 
     @contextlib.contextmanager
-    def exclusive(self):
+    def exclusive(self, step: str = "timing"):
         if not self.path:
             yield
             return
@@ -92,24 +102,42 @@ class GpuGate:
             began = time.perf_counter()
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(gpu, fcntl.LOCK_EX)
-            entered = time.perf_counter()
-            self._entered(began)
+            entered = self._entered(began)
             try:
                 yield
+                if self.alone and torch.cuda.is_initialized():  # what the step freed goes back before others run
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
                 fcntl.flock(gate, fcntl.LOCK_UN)
-                self.alone_s += time.perf_counter() - entered
+                self.alone_s += self._held(entered, step)
 
-
-    def _entered(self, began: float) -> None:
-        """Count the wait, report it, and arm the step limit."""
-        self.waited_s += time.perf_counter() - began
+    def _entered(self, began: float) -> float:
+        """Count the wait, report it, and arm the step limit; the time the hold began."""
+        entered = time.perf_counter()
+        self.waited_s += entered - began
         report_gate_wait(self.waited_s)
         if self.step_limit_s:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             signal.setitimer(signal.ITIMER_REAL, self.step_limit_s)
+        return entered
+
+    def _held(self, entered: float, step: str) -> float:
+        """The seconds this hold lasted, kept as the longest when it is."""
+        held = time.perf_counter() - entered
+        if held > self.longest_s:
+            self.longest_s, self.longest_step = held, step
+        return held
+
+    def metrics(self) -> dict:
+        """What a job reports of its gate (nothing on the CPU, where there is none)."""
+        if not self.path:
+            return {}
+        return {"gate_wait_ms": self.waited_s * 1e3, "gpu_alone_ms": self.alone_s * 1e3,
+                "gate_shared_ms": self.shared_s * 1e3, "gate_longest_ms": self.longest_s * 1e3,
+                "gate_longest_step": self.longest_step[:200]}
 
 
 def _lock_file(path: str):

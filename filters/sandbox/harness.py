@@ -30,7 +30,8 @@ def evaluate(code: str, config: dict) -> dict:
     """Run every enabled check in order; returns {passed, stage, reason, detail, metrics, code}.
     What the task computes (`trace`) is recorded by the worker, in a process of its own."""
     cfg = {**DEFAULTS, **config}
-    gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"), cfg["gate_step_limit_s"])
+    gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"), cfg["gate_step_limit_s"],
+                   cfg["gpu_alone"])
     t = TaskUnderTest(code, cfg, torch.device(cfg["device"]), gate)
     try:
         for check in CHECKS:
@@ -43,8 +44,7 @@ def evaluate(code: str, config: dict) -> dict:
         reject = as_reject(error, "execute")
         return _result(t, False, reject.stage, reject.reason, reject.detail, code)
     finally:
-        if gate.path:
-            t.metrics.update(gate_wait_ms=gate.waited_s * 1e3, gpu_alone_ms=gate.alone_s * 1e3)
+        t.metrics.update(gate.metrics())
     return _result(t, True, "accepted", "", "", t.code)
 
 

@@ -69,6 +69,13 @@ class SandboxOptions:
     timing_lock_dir: str | None = None
     # GPU memory one worker may take (the task cap plus headroom); None leaves it unbounded.
     gpu_memory_gb: float | None = None
+    # GPU memory the timing check's resize search gives one task (None: the task cap). Not the
+    # worker's share: a verdict must not change with the number of workers.
+    task_memory_budget_gb: float | None = None
+    # What a GPU worker's zygote readies before forking (worker.warm_for_gpu): "imports",
+    # "triton" (Triton's CUDA helpers built once, not by every child) or "dynamo" (and a
+    # trusted Dynamo compile on the CPU, torch told there is no GPU meanwhile).
+    gpu_warm_up: str = "imports"
     env: tuple = ()  # extra (name, value) environment pairs; a tuple keeps options hashable
 
     def guard(self) -> str:
@@ -117,6 +124,7 @@ class Worker:
         seccomp = jail.seccomp_pipe()
         options = {"device": self.options.device, "warm_up": self.options.warm_up, "threads": self.options.threads,
                    "timeout_s": self.options.timeout_s, "gpu_memory_gb": self.options.gpu_memory_gb,
+                   "gpu_warm_up": self.options.gpu_warm_up,
                    "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None,
                    "rss_limit_gb": self.options.max_memory_gb if self.options.guard() == "rss" else None}
         extra = {**dict(self.options.env), **WORKER_ENV}

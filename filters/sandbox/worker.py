@@ -21,6 +21,7 @@ from the zygote as it was after its warm-up.
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import math
 import mmap
@@ -122,8 +123,9 @@ def check_result(raw: object, reasons: dict[str, frozenset[str]]) -> dict | None
 
 def longest_job_s(timeout_s: float) -> float:
     """The longest a job may take in a zygote that keeps its limits: its own work, as long
-    again waiting at the GPU gate, the trace, and the wait for each child's exit status."""
-    return 2 * timeout_s + TRACE_LIMIT_S + 2 * EXIT_GRACE_S
+    again waiting at the GPU gate, twice (a job whose GPU memory ran out runs again alone),
+    the trace, and the wait for each child's exit status."""
+    return 2 * (2 * timeout_s + EXIT_GRACE_S) + TRACE_LIMIT_S + EXIT_GRACE_S
 
 
 def accepted(metrics: dict) -> dict:
@@ -176,9 +178,41 @@ def run_job(job: dict, options: dict, reasons) -> dict:
         outcome = accepted({})
     else:
         outcome = confirm(_in_child(job, options, reasons, _child), job["config"])
+        if gpu_memory_ran_out(outcome, options, job["config"]):
+            outcome = retried_alone(job, options, reasons)
     if outcome["passed"]:
         traced = _in_child(job, {**options, "timeout_s": TRACE_LIMIT_S}, reasons, _trace_child)
         outcome["metrics"]["op_graph"] = traced["metrics"].get("op_graph") if traced["passed"] else None
+    return outcome
+
+
+# What a GPU library says when an allocation fails inside it (cuBLAS and cuSOLVER cannot even
+# make their handle, cuDNN cannot start): the task's error only if the GPU had room for it.
+GPU_ALLOCATION_FAILED = ("alloc_failed", "out of memory", "cudaerrormemoryallocation", "cublas_status_not_initialized",
+                         "cudnn_status_not_initialized", "cusolver_status_not_initialized")
+
+
+def gpu_memory_ran_out(outcome: dict, options: dict, config: dict) -> bool:
+    """Whether a check ended because an allocation on a shared GPU failed: the task ran out
+    of its worker's share, or of what the other workers left. That is no verdict on the task
+    until it has run with the GPU's memory to itself (`retried_alone`)."""
+    if outcome["passed"] or outcome["stage"] == "sandbox" or config.get("gpu_alone"):
+        return False  # a host memory limit, a crash or a timeout is the task's own; one retry at most
+    if not (options.get("device", "cpu").startswith("cuda") and options.get("gpu_memory_gb")):
+        return False
+    text = outcome["detail"].lower()
+    return outcome["reason"] == "out_of_memory" or (outcome["reason"] == "eager_error"
+                                                    and any(m in text for m in GPU_ALLOCATION_FAILED))
+
+
+def retried_alone(job: dict, options: dict, reasons) -> dict:
+    """The job again, in a fresh child from this zygote, with every GPU step alone (no other
+    worker's step allocates meanwhile, and what each step frees goes back before the next
+    worker's) and the GPU's memory not split between workers. Its verdict stands, whatever
+    it is: a task that needs more than the GPU holds is the task's own fault."""
+    config = {**job["config"], "gpu_alone": True}
+    outcome = confirm(_in_child({**job, "config": config}, {**options, "alone": True}, reasons, _child), config)
+    outcome["metrics"]["retried_alone"] = True
     return outcome
 
 
@@ -349,7 +383,10 @@ def _own_pid_namespace() -> bool:
 def _wipe() -> None:
     """Everything a child left where the next one could read it, whatever its mode (a 0555
     folder with files in it, a 0000 file, a fifo, a link loop, a tree too deep for a path).
-    What cannot be removed ends the worker: its jail, /tmp and all, goes with it."""
+    What cannot be removed ends the worker: its jail, /tmp and all, goes with it. Outside a
+    jail (a zygote run by hand) /tmp is the host's: only a jailed zygote wipes."""
+    if not JAILED:
+        return
     left = [path for folder in ("/tmp", "/dev/shm") for path in _clear(folder, keep=(ZYGOTE_DIR,))]
     if left:
         raise SystemExit(f"opsynth worker: a job left what the wipe cannot remove ({', '.join(left[:3])}); "
@@ -481,12 +518,35 @@ def _evaluate(job: dict, options: dict) -> dict:
 
     from filters.sandbox.harness import evaluate
     sys.addaudithook(_refuse_escapes(tempfile.gettempdir()))
+    began = time.perf_counter()
     if options.get("gpu_memory_gb") and torch.cuda.is_available():
-        # Workers share the GPU: none may take more than its task cap (plus headroom).
+        # Workers share the GPU: none may take more than its share, but a job run again alone
+        # (`retried_alone`) may take what the GPU has free.
         total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, options["gpu_memory_gb"] * 2**30 / total))
+        share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
+        torch.cuda.set_per_process_memory_fraction(min(1.0, share))
+    if options.get("device", "cpu").startswith("cuda") and torch.cuda.is_available():
+        _start_cuda()
+    started_ms = (time.perf_counter() - began) * 1e3
     result = evaluate(job["code"], job["config"])
-    return {key: result[key] for key in ("passed", "stage", "reason", "detail", "metrics")}
+    metrics = {**result["metrics"], "t_cuda_start_ms": started_ms} if options.get("device", "").startswith("cuda") \
+        else result["metrics"]
+    return {**{key: result[key] for key in ("passed", "stage", "reason", "detail")}, "metrics": metrics}
+
+
+ALONE_SHARE = 0.9  # of the GPU's memory, for a job run again alone
+
+
+def _start_cuda() -> None:
+    """The CUDA context, the caching allocator and a cuBLAS handle, made before any task code
+    runs and outside the GPU gate: a child is the first process of its job to touch the GPU,
+    and starting CUDA is a few hundred ms of driver work. Done inside the job's first gated
+    step, it held the gate that long, and every timer, and every worker behind the timer,
+    waited for it. Trusted code, in the job's own process: nothing of it outlives the job."""
+    import torch
+    a = torch.ones(8, 8, device="cuda")
+    torch.mm(a, a)
+    torch.cuda.synchronize()
 
 
 def _own_folders(workdir: str) -> None:
@@ -559,6 +619,73 @@ def _keep_precompiled_headers(folder: str) -> None:
         codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
 
 
+GPU_WARM_UPS = ("imports", "triton", "dynamo")
+
+
+def warm_for_gpu(level: str, cache_dir: str) -> str:
+    """What a GPU zygote readies for its children without starting CUDA, by `level`:
+    - "imports": Inductor imported, nothing run (every child compiles from cold);
+    - "triton": also Triton's CUDA driver helpers, a C module gcc builds on first use into
+      the Triton cache, which in a child is its job's own: every child built it again. Built
+      here, in this zygote's folder (watched: a job that changes it retires the worker), by
+      a process that never ran task code, and loaded once: children inherit it in memory;
+    - "dynamo": also a trusted compile of the warm-up task on the CPU through Dynamo and
+      AOTAutograd (not Inductor: its C++ build would cost this zygote the vector-instruction
+      probe), with torch told there is no GPU while it runs (Dynamo saves the CUDA RNG when
+      one is there, which starts CUDA), and every memo torch took meanwhile cleared.
+    Returns what it did, for the worker's ready line."""
+    if level not in GPU_WARM_UPS:
+        raise SystemExit(f"opsynth worker: unknown GPU warm-up {level!r} (one of {', '.join(GPU_WARM_UPS)})")
+    from filters.sandbox.harness import use_compiler_caches
+    use_compiler_caches(cache_dir)
+    done = ["imports"]
+    if level in ("triton", "dynamo"):
+        try:
+            from triton.runtime import driver
+            driver.active.utils  # noqa: B018  the helpers are built and loaded on first access
+            done.append("triton driver")
+        except Exception as error:  # no Triton, or no CUDA driver: children build what they need
+            done.append(f"no triton driver ({type(error).__name__})")
+    if level == "dynamo":
+        _warm_dynamo_without_cuda()
+        done.append("dynamo")
+    gc.freeze()  # what the imports made is no longer traversed by each child's collections
+    return " + ".join(done) + " (each job's child is the first to touch the GPU)"
+
+
+def _warm_dynamo_without_cuda() -> None:
+    import torch
+
+    from filters.sandbox.execution import load_task
+    from filters.sandbox.harness import WARM_UP_TASK
+    available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: False
+    try:
+        task = load_task(WARM_UP_TASK)
+        model = task.Model(*task.get_init_inputs()).eval()
+        with torch.no_grad():
+            torch.compile(model, backend="aot_eager")(*task.get_inputs())
+    finally:
+        torch.cuda.is_available = available
+        torch._dynamo.reset()
+    _clear_memos(("torch", "triton"))
+
+
+def _clear_memos(packages: tuple[str, ...]) -> None:
+    """Empty every functools cache at module level in `packages`: nothing memoized while
+    torch was told there is no GPU reaches a child."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(packages):
+            continue
+        for value in list(vars(module).values()):
+            try:
+                clear = getattr(value, "cache_clear", None)
+                if callable(clear):
+                    clear()
+            except Exception:  # a lazy module's lookup, a cache_clear that wants arguments: not a memo
+                pass
+
+
 def main() -> None:
     global JAILED
     job_fd, result_fd, options = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
@@ -579,8 +706,9 @@ def main() -> None:
     warmed = "compile not requested"
     if options.get("device", "cpu").startswith("cuda"):
         # Compiling, even for the CPU, makes Dynamo ask the CUDA runtime about the GPU, and a
-        # process that did can fork no child that uses it: on a GPU host the zygote only imports.
-        warmed = "imports only (each job's child is the first to touch the GPU)"
+        # process that did can fork no child that uses it: on a GPU host the zygote warms
+        # only what needs no CUDA (`warm_for_gpu`).
+        warmed = warm_for_gpu(options.get("gpu_warm_up") or "imports", os.path.join(ZYGOTE_DIR, "compiler-cache"))
     elif options.get("warm_up", True):
         # a failure is the host's (its compiler, say), not a candidate's: every candidate will say so too
         try:

@@ -10,6 +10,8 @@
 #   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
 #   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
+#   bash tests/benchmarks/h200.sh throughput NAME TREE WORKERS [N] [TASKS]  # N of TASKS through `opsynth validate`: accepted/h, where the time goes
+#   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -122,6 +124,25 @@ print(json.dumps({k: s.get(k) for k in ("composed", "accepted", "rejected", "wal
 PY
     mkdir -p "$OUT/$NAME" && cp /tmp/funnel/stats.json /tmp/funnel/data/*.parquet /tmp/funnel/rejects/*.parquet "$OUT/$NAME/"
     tail -c 100000 /tmp/funnel/workers.log > "$OUT/$NAME/workers.log"
+    exit 0
+fi
+if [ "$STAGE" = throughput ]; then
+    # One run of tests/benchmarks/bench_throughput.py: the first N of TASKS (.bench/cands: 512)
+    # through `opsynth validate` with TREE's code (. for this checkout; .old for an earlier
+    # commit: `mkdir .old && git archive 718d2c2 pipeline filters operators outputs | tar -x -C .old`)
+    # and WORKERS workers (0: the command's default). One call each, on the same machine:
+    #   throughput before .old 8; throughput after . 8; throughput after-default . 0
+    NAME=${1:-after}; TREE=${2:-.}; WORKERS=${3:-0}; N=${4:-512}; TASKS=${5:-.bench/cands}
+    tree=(); [ "$TREE" != . ] && tree=(--tree "$TREE")
+    timeout -s INT -k 15 "${LIMIT_S:-560}" python3 -m tests.benchmarks.bench_throughput "$TASKS" --limit "$N" \
+        --device cuda --workers "$WORKERS" --name "$NAME" --json "$OUT/$NAME.json" ${tree[@]+"${tree[@]}"} -- --max-memory-gb 24 \
+        2>&1 | grep -v "^WARNING" | tail -12
+    exit 0
+fi
+if [ "$STAGE" = warmup ]; then
+    echo "== GPU zygote warm-up levels: the same candidates through the jailed pool per level"
+    timeout 560 python3 -m tests.benchmarks.bench_gpu_warm_up --tasks .bench/cands --candidates "${1:-48}" \
+        --workers "${2:-8}" 2>&1 | grep -v "^WARNING" | tail -16
     exit 0
 fi
 if [ "$STAGE" = proofs ]; then

@@ -1,0 +1,153 @@
+"""What the sandbox's throughput rests on: the GPU gate's accounting and its alone mode, the
+retry of a job whose GPU memory ran out, and the benchmark's arithmetic. The gate runs on the
+CPU here with the same code as on a GPU (flock on files)."""
+from __future__ import annotations
+
+import threading
+import time
+
+from filters.sandbox.execution import GpuGate
+from filters.sandbox.worker import gpu_memory_ran_out, longest_job_s
+from tests.benchmarks.bench_throughput import summarise, wasted_work
+
+ON_GPU = {"device": "cuda", "gpu_memory_gb": 15.0}
+
+
+def _hold(gate: GpuGate, seconds: float, entered: threading.Event | None = None) -> None:
+    with gate.shared("hold"):
+        if entered:
+            entered.set()
+        time.sleep(seconds)
+
+
+def _second_waits(path: str, first: GpuGate) -> float:
+    """How long a plain worker's step waited while `first` held a step of 0.4 s."""
+    entered = threading.Event()
+    holder = threading.Thread(target=_hold, args=(first, 0.4, entered))
+    holder.start()
+    entered.wait(5)
+    other = GpuGate(path)
+    with other.shared():
+        pass
+    holder.join()
+    return other.waited_s
+
+
+def test_steps_share_the_gpu_but_a_job_run_alone_holds_it_alone(tmp_path):
+    path = str(tmp_path / "gpu0.lock")
+    assert _second_waits(path, GpuGate(path)) < 0.2  # readers overlap
+    alone = GpuGate(path, alone=True)
+    assert _second_waits(path, alone) >= 0.3  # every step of the retried job is exclusive
+    assert alone.alone_s >= 0.4 and alone.shared_s == 0.0
+
+
+def test_the_gate_reports_its_holds_and_the_longest_step(tmp_path):
+    """The longest hold is what every timer (and every worker behind it) waited for: the
+    benchmark names its step."""
+    gate = GpuGate(str(tmp_path / "gpu0.lock"))
+
+    def slow_build():
+        time.sleep(0.3)
+
+    gate.call(lambda: None)
+    gate.call(slow_build)
+    with gate.exclusive():
+        time.sleep(0.05)
+    metrics = gate.metrics()
+    assert metrics["gate_longest_step"].endswith("slow_build") and metrics["gate_longest_ms"] >= 300
+    assert metrics["gate_shared_ms"] >= 300 and metrics["gpu_alone_ms"] >= 50
+    assert GpuGate(None).metrics() == {}  # the CPU has no gate to report
+
+
+def _ended(reason: str, detail: str = "", stage: str = "numerics") -> dict:
+    return {"passed": False, "stage": stage, "reason": reason, "detail": detail, "metrics": {}}
+
+
+def test_a_gpu_allocation_failure_on_a_shared_gpu_is_retried_and_nothing_else_is():
+    oom = _ended("out_of_memory", "CUDA out of memory. Tried to allocate 2.00 GiB")
+    cublas = _ended("eager_error", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate")
+    assert gpu_memory_ran_out(oom, ON_GPU, {}) and gpu_memory_ran_out(cublas, ON_GPU, {})
+    assert not gpu_memory_ran_out(oom, ON_GPU, {"gpu_alone": True})  # a retry is never retried
+    assert not gpu_memory_ran_out(oom, {"device": "cpu"}, {})  # the CPU's memory is the task's own
+    assert not gpu_memory_ran_out(oom, {"device": "cuda", "gpu_memory_gb": None}, {})  # a GPU of its own
+    assert not gpu_memory_ran_out(_ended("out_of_memory", "resident memory passed 8 GB", "sandbox"), ON_GPU, {})
+    assert not gpu_memory_ran_out(_ended("eager_error", "RuntimeError: shapes cannot be multiplied"), ON_GPU, {})
+    assert not gpu_memory_ran_out({**_ended("", ""), "passed": True, "stage": "accepted"}, ON_GPU, {})
+
+
+def test_the_pool_waits_long_enough_for_a_job_and_its_retry():
+    """The pool's backstop replaces a worker that overstays: a job run again alone must not
+    be taken for one."""
+    assert longest_job_s(100) >= 2 * (2 * 100)
+
+
+def _record(ident: str, index: int, reason: str = "", wall_ms: float = 1000.0, **metrics) -> dict:
+    return {"candidate": {"id": ident, "provenance": {"index": index}},
+            "verdict": {"passed": not reason, "stage": "numerics" if reason else "accepted", "reason": reason,
+                        "metrics": {"job_wall_ms": wall_ms, **metrics}}}
+
+
+def test_the_benchmark_counts_repeats_and_nan_as_waste():
+    records = [_record("a", 0), _record("b", 1, "nan_or_inf", 500.0), _record("a", 2, wall_ms=2000.0)]
+    assert wasted_work(records) == {"repeats": 1, "repeats_worker_s": 2.0, "nan_or_inf": 1, "nan_or_inf_worker_s": 0.5}
+
+
+def test_the_benchmark_rates_and_splits_add_up():
+    class Args:
+        name, device, workers, tree = "t", "cuda", 8, None
+
+    records = [_record("a", 0, t_compile_ms=3000.0, t_execute_ms=500.0, wall_ms=4000.0, gpu_alone_ms=100.0,
+                       gate_wait_ms=200.0, gate_longest_ms=80.0, gate_longest_step="forward"),
+               _record("b", 1, "nan_or_inf", 1000.0, t_execute_ms=900.0, retried_alone=True)]
+    s = summarise(Args, records, starts=[10.0, 20.0], wall_s=120.0, busy=0.25)
+    assert s["accepted_per_hour"] == 30 and s["steady_accepted_per_hour"] == 36  # 1 in 120 s; 1 in 100 s
+    assert s["worker_s_per_check"] == {"compile": 3.0, "execute": 1.4}
+    assert s["worker_s_outside_checks"] == 0.6  # 5 s of jobs, 4.4 s of checks
+    assert s["gate_s"]["longest_hold_step"] == "forward" and s["gate_s"]["waiting"] == 0.2
+    assert s["retried_alone"] == {"jobs": 1, "accepted": 0}
+    assert s["rejected_by_reason"] == {"nan_or_inf": 1}
+    # 2 candidates in 5 s of jobs, 0.2 s of it waiting: 2.4 s of own work each; half accepted
+    cores = __import__("os").cpu_count()
+    assert s["bounds_accepted_per_hour"] == {"cores": round(cores * 3600 / 2.4 * 0.5), "gpu_alone": 36000}
+
+
+def test_a_gpu_zygote_warms_dynamo_without_leaving_torch_blind_to_the_gpu(tmp_path):
+    """The "dynamo" warm-up tells torch there is no GPU while it compiles; afterwards torch
+    asks the real question again, and a compile still runs (here on the CPU: this host has no
+    GPU, bench_gpu_warm_up measures it on one)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+real = torch.cuda.is_available
+from filters.sandbox.worker import warm_for_gpu
+said = warm_for_gpu("dynamo", {str(tmp_path / "cache")!r})
+assert torch.cuda.is_available is real and not torch.cuda.is_initialized()
+assert "dynamo" in said, said
+model = torch.nn.Linear(4, 4)
+assert torch.allclose(torch.compile(model, backend="aot_eager")(torch.ones(2, 4)), model(torch.ones(2, 4)))
+print("WARMED", said)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "WARMED imports" in done.stdout, done.stderr[-2000:]
+    refused = subprocess.run([sys.executable, "-c", "from filters.sandbox.worker import warm_for_gpu; "
+                              f"warm_for_gpu('everything', {str(tmp_path)!r})"], capture_output=True, text=True)
+    assert "unknown GPU warm-up" in refused.stderr
+
+
+def test_a_worker_on_a_shared_gpu_runs_a_job_again_alone_after_its_memory_ran_out(cache_dir):
+    """Through the real pool, with a GPU worker's options on this CPU (the task runs on the
+    CPU; its allocation fails as on a full GPU): the job that ran out of memory is run again
+    alone, once, and its verdict is the second run's; a job that did not is never rerun."""
+    from filters.sandbox.pool import WorkerPool
+    from tests.conftest import make_task, sandbox_options
+
+    hog = make_task("return x + torch.empty(1 << 40).sum()")
+    fine = make_task("return torch.tanh(x) * 2")
+    options = sandbox_options(cache_dir, device="cuda", memory_guard="rlimit", max_memory_gb=2, gpu_memory_gb=1.0)
+    with WorkerPool(1, options) as pool:
+        ran_out, passed = pool.run_many([{"code": code, "config": {"device": "cpu", "window_ms": [1e-6, 1e6],
+                                                                       "compile": False}} for code in (hog, fine)])
+    assert ran_out["reason"] == "out_of_memory" and ran_out["metrics"].get("retried_alone") is True, ran_out
+    assert passed["passed"] and "retried_alone" not in passed["metrics"], passed
