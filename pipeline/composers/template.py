@@ -33,7 +33,7 @@ import random
 import zlib
 from collections import Counter
 
-from operators.layouts import LAYOUTS
+from operators.layouts import LAYOUTS, Layout, draw_sizes
 from operators.records import Candidate, OpSpec, Verdict, task_id
 from operators.roles import (ANCHOR, EPILOGUE, LAYOUT, NORMALISATION, REAL, REDUCTION, discontinuous, domain_of,
                              feeds, numerically_sensitive, role_of)
@@ -184,7 +184,7 @@ class TemplateComposer:
         if not choices:
             return None
         first = self._draw_op(rng, choices)
-        layout = LAYOUTS[rng.choice(sorted(fits(first)))]
+        layout = sized(LAYOUTS[rng.choice(sorted(fits(first)))], rng, first)
         pools[decider] = [first]
         chain: list[BoundOp] = []
         shape = layout.sizes
@@ -207,6 +207,7 @@ class TemplateComposer:
 
     def _try_chain(self, rng: random.Random, num_ops: int, first_pool: list[OpSpec]):
         layout = LAYOUTS[rng.choice(sorted({name for spec in first_pool for name in spec.keeps_rank or spec.layouts}))]
+        layout = sized(layout, rng)
         chain: list[BoundOp] = []
         shape = layout.sizes
         for position in range(num_ops):
@@ -224,6 +225,14 @@ class TemplateComposer:
 
     def _draw_op(self, rng: random.Random, choices: list[OpSpec]) -> OpSpec:
         return rng.choices(choices, weights=[self.weight[spec.name] for spec in choices])[0]
+
+
+def sized(layout: Layout, rng: random.Random, first: OpSpec | None = None) -> Layout:
+    """The layout at sizes drawn for this candidate (operators/layouts.py). A chain led by an
+    inlined layer keeps the default sizes its config was resolved against."""
+    if first is not None and first.definitions:
+        return layout
+    return draw_sizes(layout, rng)
 
 
 def _append(chain: list[BoundOp], spec: OpSpec, layout, shape: tuple[int, ...]) -> tuple[int, ...] | None:
