@@ -30,7 +30,7 @@ SIZE_METRIC = "size."  # the metric `size.<name>` holds the value a re-sizing ga
 # What a constant's whole name says it sizes (KernelBench's names and the layouts' own).
 KINDS = (
     (BATCH, r"batch_size|batch|bs|n_batch|num_batches"),
-    (HIDDEN, r"features|in_features|out_features|hidden|hidden_size|hidden_dim|d_model|dim|embed_dim|"
+    (HIDDEN, r"features|in_features|out_features|hidden|hidden_size|hidden_dim|d_model|embed_dim|"
              r"input_size|input_dim|output_dim|d_ff|ffn_dim|intermediate_size|n_embd|model_dim|embedding_dim"),
     (CHANNELS, r"channels|in_channels|out_channels|num_channels|in_ch|out_ch|filters"),
     (SEQUENCE, r"seq_len|sequence_length|seq_length|length|seq|num_tokens|tokens|signal_length|input_length"),
