@@ -46,7 +46,7 @@ SAMPLE_COLUMNS = {
     "compile_max_diff": "largest difference between eager and compiled outputs",
     "input_sensitivity": "largest output difference between two independent random inputs",
     "peak_memory_mb": "peak device memory of a forward call, in MB (empty on the CPU)",
-    "resized": "whether opsynth changed `batch_size` to bring the task into the timing window",
+    "resized": "whether opsynth re-sized the task's size constants to bring it to the timing target",
     "source": "the file or row a re-audited task came from (`opsynth validate`); empty for composed tasks",
     "provenance": "JSON: candidate index, input layout, prompt version and LLM usage, repair history",
 }

@@ -9,6 +9,7 @@
 #   bash tests/benchmarks/h200.sh ops6k SECONDS                 # the ops6k recipe (template composer), resumed
 #   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
+#   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -92,6 +93,12 @@ print(json.dumps({k: s.get(k) for k in ("composed", "accepted", "rejected", "wal
 PY
     mkdir -p "$OUT/$NAME" && cp /tmp/funnel/stats.json /tmp/funnel/data/*.parquet /tmp/funnel/rejects/*.parquet "$OUT/$NAME/"
     tail -c 100000 /tmp/funnel/workers.log > "$OUT/$NAME/workers.log"
+    exit 0
+fi
+if [ "$STAGE" = shapes ]; then
+    # After `funnel` in the same call: how real the accepted tasks' sizes are, and their eager ms.
+    sources=(); for name in "$@"; do sources+=("$OUT/$name"); done
+    python3 -m tests.benchmarks.bench_shapes --count 0 "${sources[@]}" .kb/KernelBench/level2 2>&1 | tail -8
     exit 0
 fi
 if [ "$STAGE" = proofs ]; then
