@@ -220,7 +220,8 @@ class InTimingWindow(Check):
                 if self.decide(metrics, cfg) is None:
                     return
                 # the precise measure left the window the quick one was in: search on from it
-                level = None if last else search.next_level(self._factor(eager_ms, peak, target, cap_bytes), False)
+                level = None if last else search.next_level(self._factor(eager_ms, peak, target, cap_bytes),
+                                                            False, precise=True)
             if level is None:
                 break
             t.task = t.model = t.inputs = t.out = None
@@ -290,13 +291,19 @@ class SizeSearch:
         self.level, self.too_fast_at, self.too_slow_at = 0, -math.inf, math.inf
         self.first_factor: float | None = None
 
-    def next_level(self, factor: float, aimed: bool) -> int | None:
+    def next_level(self, factor: float, aimed: bool, precise: bool = False) -> int | None:
         """The level to try after measuring this one `factor` away from the target; None when
-        this one is aimed or nothing is left between the bounds."""
+        this one is aimed or nothing is left between the bounds. A precise measure overrules
+        a bound that quick ones set on the other side of this level (a quick measure, taken
+        while other workers share the device, can read many times slower)."""
         if self.first_factor is None:
             self.first_factor = factor
         if aimed:
             return None
+        if precise and factor > 1 and self.too_slow_at <= self.level:
+            self.too_slow_at = math.inf
+        if precise and factor < 1 and self.too_fast_at >= self.level:
+            self.too_fast_at = -math.inf
         if factor > 1:
             self.too_fast_at = max(self.too_fast_at, self.level)
         else:

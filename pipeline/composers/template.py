@@ -1,7 +1,7 @@
 """The template composer: shape-aware chaining of 1 to 5 catalog ops, no LLM.
 
 Each op is placed against the shape the previous op produced (computed on the meta
-device), so every chain it emits builds and runs at its default sizes. Composition is a
+device), so every chain it emits builds and runs at its drawn sizes. Composition is a
 pure function of (run seed, candidate index): a rerun composes the same candidates.
 
 Two ways to draw a chain (`sampling`):
@@ -42,7 +42,7 @@ from pipeline.composers.screen import screen
 
 # CUDA-Agent-Ops-6K's op-count mix (share of tasks fusing 1..5 ops).
 DEFAULT_OP_COUNT_MIX = {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
-MAX_ELEMENTS = 1 << 26  # a chain whose intermediate grows past this at default sizes is redrawn
+MAX_ELEMENTS = 1 << 26  # a chain whose intermediate grows past this at its drawn sizes is redrawn
 ATTEMPTS = 64
 # Chains the numeric screen may turn down per candidate, and of them those built around the
 # featured op: an op that fails wherever it is placed (floor of a computed value) costs a few

@@ -118,6 +118,9 @@ def test_resize_search_never_repeats_a_level_known_to_miss_and_falls_back_to_the
     down = search.next_level(0.1, aimed=False)  # that one too slow: between the two
     assert down is None or 0 < down < up
     assert search.next_level(1.0, aimed=True) is None  # at the target: stay
+    search.level = 0  # quick measures said level 0 too slow; a precise one says too fast: it wins
+    search.too_slow_at = 0
+    assert search.next_level(100.0, aimed=False, precise=True) > 0 and search.too_slow_at == float("inf")
     assert search.changes_widths(up)
     alone = search.by_batch_alone()
     assert search.batch_only and alone > 0 and not search.changes_widths(alone)
