@@ -174,7 +174,7 @@ def run_eagerly(t: TaskUnderTest, code: str) -> None:
 
 class InTimingWindow(Check):
     """Median eager time inside the window and peak memory under the cap. While outside, or
-    in it but away from `target_ms` by more than `aim_ratio` either way, the whole problem
+    in it but away from `target_ms` by more than `target_ratio` either way, the whole problem
     is re-sized along ladders of real layer sizes (filters/sandbox/resize.py: batch, widths,
     extents) and measured again. Aiming at the target rather than stopping at the window's
     edge puts the median eager time at the target. Small tasks are overhead-bound, so an
@@ -187,7 +187,7 @@ class InTimingWindow(Check):
     reasons = {**TASK_ERRORS, **UNMEASURED, "too_fast": "under the timing window even after re-sizing",
                "too_slow": "over the timing window even after re-sizing", "too_large": "over the memory cap"}
     repairable = frozenset({"too_fast", "too_slow", "too_large"})
-    defaults = {"window_ms": (1.0, 100.0), "target_ms": 3.0, "aim_ratio": 1.5, "max_resize_rounds": 8,
+    defaults = {"window_ms": (1.0, 100.0), "target_ms": 3.0, "target_ratio": 1.5, "max_resize_rounds": 8,
                 "max_task_memory_gb": 16.0,
                 # Memory the resize search may give one task in this worker (None: the task cap). The
                 # later checks hold a second model and more outputs, so a share's third is the limit.
@@ -210,7 +210,8 @@ class InTimingWindow(Check):
                            resize_rounds=attempt, resized=t.code != search.original)
             last = attempt == cfg["max_resize_rounds"]
             factor = self._factor(eager_ms, peak, target, cap_bytes)
-            aimed = 1 / cfg["aim_ratio"] <= factor <= cfg["aim_ratio"]
+            over_cap = peak is not None and peak > cap_bytes
+            aimed = not over_cap and 1 / cfg["target_ratio"] <= factor <= cfg["target_ratio"]
             level = None if last else search.next_level(factor, aimed)
             if self.decide(metrics, cfg) is None and (aimed or level is None):
                 warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], gate)  # only measuring holds the GPU alone
@@ -266,9 +267,8 @@ class InTimingWindow(Check):
                 if reject.reason == "out_of_memory":
                     level = search.out_of_memory(level)
                     continue
-                if search.batch_only or not search.changes_widths(level):
+                if search.batch_only or not search.changes_widths(level) or (level := search.by_batch_alone()) is None:
                     raise
-                level = search.by_batch_alone()
                 continue
             search.level = level
             t.code = code
@@ -276,7 +276,7 @@ class InTimingWindow(Check):
                 del t.metrics[name]
             t.metrics.update(search.metrics(level))
             return
-        raise Reject("timing", "too_large", "no smaller size of the task fits in memory or builds")
+        raise Reject("timing", "too_large", "no smaller size of the task fits in memory")
 
 
 class SizeSearch:
@@ -335,7 +335,8 @@ class SizeSearch:
         """`size.<name>` of every constant the level changed, and the batch size it has."""
         sizes = self.sizes(level)
         batch = {"batch_size": sizes[RESIZE_CONSTANT]} if RESIZE_CONSTANT in sizes else {}
-        return {**sizes_metrics(self.constants, sizes), **batch, "resize_scope": "batch" if self.batch_only else "whole"}
+        scope = "batch" if self.batch_only else "whole"
+        return {**sizes_metrics(self.constants, sizes), **batch, "resize_scope": scope}
 
 
 def nearest_from(constants: dict[str, int], level: int, factor: float, too_fast_at: float, too_slow_at: float,

@@ -45,8 +45,8 @@ CASES = {
     "redundant_op": (make_task("return torch.clamp(torch.sigmoid(x), max=2.0)"), FAST),  # never binds
     "resized": (make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 1\nfeatures = 256"),
                 {"compile": False}),
-    "resized_by_batch": (make_task("return x.reshape(x.shape[0], 4, 64).sum(-1)", constants="batch_size = 1\nfeatures = 256"),
-                         {"compile": False}),
+    "resized_by_batch": (make_task("return x.reshape(x.shape[0], 4, 64).sum(-1)",
+                                   constants="batch_size = 1\nfeatures = 256"), {"compile": False}),
     # an RMSNorm as transformers writes it: its float32 casts are no-ops here, not redundant ops
     "casts_kept": (make_task("h = x.to(torch.float32)\nh = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)\n"
                              "return self.weight * h.float().to(x.dtype)",
