@@ -180,8 +180,10 @@ class InTimingWindow(Check):
     edge puts the median eager time at the target. Small tasks are overhead-bound, so an
     estimate can overshoot: the levels known to be too fast and too slow (or out of memory)
     bracket the next guess. A task whose model cannot be built at other widths is re-sized
-    by its batch alone. The search uses quick measurements; only the final one takes the
-    GPU exclusively."""
+    by its batch alone. Quick measurements (the GPU shared) steer the search outside the
+    window; inside it only a precise one (the GPU alone) decides and aims, since a quick one
+    can read many times slower. A search that ends outside the window goes back to the last
+    size a precise measure found inside it."""
 
     stage = "timing"
     reasons = {**TASK_ERRORS, **UNMEASURED, "too_fast": "under the timing window even after re-sizing",
@@ -198,37 +200,55 @@ class InTimingWindow(Check):
     nullable = frozenset({"peak_memory_mb"})
 
     def run(self, t: TaskUnderTest) -> None:
-        cfg, metrics, gate, device = t.cfg, t.metrics, t.gate, t.device
+        cfg, device = t.cfg, t.device
         low, high = cfg["window_ms"]
         target = min(max(cfg["target_ms"], low), high)
         cap_bytes = memory_cap_mb(cfg) * 2**20
         search = SizeSearch(t.code)
         for attempt in range(cfg["max_resize_rounds"] + 1):
-            with gate.shared():
-                eager_ms, peak = measure(t.model, t.inputs, cfg, device, precise=False)
-            metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
-                           resize_rounds=attempt, resized=t.code != search.original)
             last = attempt == cfg["max_resize_rounds"]
-            factor = self._factor(eager_ms, peak, target, cap_bytes)
-            over_cap = peak is not None and peak > cap_bytes
-            aimed = not over_cap and 1 / cfg["target_ratio"] <= factor <= cfg["target_ratio"]
-            level = None if last else search.next_level(factor, aimed)
-            if self.decide(metrics, cfg) is None and (aimed or level is None):
-                warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], gate)  # only measuring holds the GPU alone
-                with gate.exclusive():
-                    eager_ms, peak = measure(t.model, t.inputs, cfg, device, precise=True)
-                metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None)
-                if self.decide(metrics, cfg) is None:
+            t.metrics["resize_rounds"] = attempt
+            warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], t.gate)  # a cold model reads slow
+            eager_ms, peak = self._measure(t, search, precise=False)
+            if self.decide(t.metrics, cfg) is not None:  # outside the window: re-size
+                level = None if last else search.next_level(self._factor(eager_ms, peak, target, cap_bytes), False)
+            else:  # inside it by a quick measure: only a precise one decides, and aims
+                eager_ms, peak = self._measure(t, search, precise=True)
+                factor = self._factor(eager_ms, peak, target, cap_bytes)
+                inside = self.decide(t.metrics, cfg) is None
+                if inside and (last or 1 / cfg["target_ratio"] <= factor <= cfg["target_ratio"]):
                     return
-                # the precise measure left the window the quick one was in: search on from it
-                level = None if last else search.next_level(self._factor(eager_ms, peak, target, cap_bytes),
-                                                            False, precise=True)
+                if inside:
+                    search.kept = search.level
+                level = None if last else search.next_level(factor, False, precise=True)
+                if inside and level is None:
+                    return
             if level is None:
                 break
-            t.task = t.model = t.inputs = t.out = None
-            release(device)
+            self._unload(t)
             self._load_resized(t, search, level)
+        if search.kept is not None and search.kept != search.level:  # back to the last size inside the window
+            self._unload(t)
+            self._load_resized(t, search, search.kept)
+            warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], t.gate)
+            self._measure(t, search, precise=True)
         self.stop_if_failed(t)
+
+    @staticmethod
+    def _measure(t: TaskUnderTest, search: SizeSearch, precise: bool) -> tuple[float, float | None]:
+        """A quick measure (the GPU shared) or a precise one (the GPU alone, after a warm-up), into the metrics."""
+        if precise:
+            warm_up_calls(t.model, t.inputs, t.device, t.cfg["warmup_ms"], t.gate)  # only measuring holds the GPU alone
+        with t.gate.exclusive() if precise else t.gate.shared():
+            eager_ms, peak = measure(t.model, t.inputs, t.cfg, t.device, precise=precise)
+        t.metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
+                         resized=t.code != search.original)
+        return eager_ms, peak
+
+    @staticmethod
+    def _unload(t: TaskUnderTest) -> None:
+        t.task = t.model = t.inputs = t.out = None
+        release(t.device)
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
         eager_ms, peak_mb = number(metrics, "eager_ms"), metrics.get("peak_memory_mb") if isinstance(metrics, dict) else 0
@@ -290,6 +310,7 @@ class SizeSearch:
         self.batch_only = False
         self.level, self.too_fast_at, self.too_slow_at = 0, -math.inf, math.inf
         self.first_factor: float | None = None
+        self.kept: int | None = None  # the last level a precise measure found inside the window
 
     def next_level(self, factor: float, aimed: bool, precise: bool = False) -> int | None:
         """The level to try after measuring this one `factor` away from the target; None when
@@ -316,7 +337,7 @@ class SizeSearch:
 
     def by_batch_alone(self) -> int | None:
         """Start again from the task as written, re-sizing only its batch."""
-        self.batch_only, self.level = True, 0
+        self.batch_only, self.level, self.kept = True, 0, None
         factor = self.first_factor or 1.0
         self.too_fast_at, self.too_slow_at = (0, math.inf) if factor > 1 else (-math.inf, 0)
         return nearest_from(self.constants, 0, factor, self.too_fast_at, self.too_slow_at, True)
