@@ -120,9 +120,14 @@ def library_ops(specs) -> frozenset[str]:
 
 
 def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) -> str:
+    """The chain as a task whose inputs have `sizes`. A constructor argument, call argument or
+    weight that the recipe sized from the input (`$C`, `$L`, `$W`, `$M`) names the layout's
+    constant (`linear_in_features = features`), so that re-sizing a layout constant re-sizes
+    the model with it (filters/sandbox/resize.py)."""
     slugs = _unique_slugs(chain)
+    dims = _DimNames(layout, sizes)
     init_constants = [
-        (f"{slug}_{param}", value)
+        (f"{slug}_{param}", dims.source(value, bound.spec.init_args.get(param)))
         for slug, bound in zip(slugs, chain)
         if bound.spec.kind == MODULE
         for param, value in bound.init_kwargs.items()
@@ -132,11 +137,35 @@ def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) ->
     if definitions:
         lines += [definitions, "", ""]
     lines += [f"{dim} = {size}" for dim, size in zip(layout.dims, sizes)]
-    lines += [f"{name} = {value!r}" for name, value in init_constants]
-    lines += ["", "", *_model_class(chain, slugs, [name for name, _ in init_constants])]
+    lines += [f"{name} = {source}" for name, source in init_constants]
+    lines += ["", "", *_model_class(chain, slugs, [name for name, _ in init_constants], dims)]
     lines += ["", "", "def get_inputs():", f"    return [{_input_builder(chain, layout, sizes)}]"]
     lines += ["", "", "def get_init_inputs():", f"    return [{', '.join(name for name, _ in init_constants)}]"]
     return "\n".join(lines) + "\n"
+
+
+class _DimNames:
+    """How the task spells a value its recipe sized from the input: the name of the layout
+    constant of that size, on the axis the recipe reads (`$C` the channels, `$L` the last),
+    else the literal (an input of another shape, after a pooling or a flatten)."""
+
+    def __init__(self, layout: Layout, sizes: tuple[int, ...]):
+        self.layout, self.sizes = layout, tuple(sizes)
+
+    def source(self, value, recipe) -> str:
+        if isinstance(value, (tuple, list)) and isinstance(recipe, (tuple, list)) and len(value) == len(recipe):
+            items = [self.source(v, r) for v, r in zip(value, recipe)]
+            return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+        if isinstance(value, Weight):
+            return ", ".join(self.source(side, "$L") for side in value.shape)
+        name = self._name(value, recipe)
+        return name if name is not None else repr(value)
+
+    def _name(self, value, recipe) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int) or recipe not in ("$C", "$L"):
+            return None
+        axis = self.layout.channel_axis if recipe == "$C" and len(self.sizes) > self.layout.channel_axis else -1
+        return self.layout.dims[axis] if self.sizes[axis] == value else None
 
 
 def _input_builder(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) -> str:
@@ -154,7 +183,7 @@ def _header(chain: list[BoundOp]) -> list[str]:
     return [*HEADER_IMPORTS, *extra, ""]
 
 
-def _model_class(chain: list[BoundOp], slugs: list[str], init_params: list[str]) -> list[str]:
+def _model_class(chain: list[BoundOp], slugs: list[str], init_params: list[str], dims: _DimNames) -> list[str]:
     summary = " -> ".join(b.spec.name for b in chain)
     lines = [
         "class Model(nn.Module):",
@@ -169,30 +198,39 @@ def _model_class(chain: list[BoundOp], slugs: list[str], init_params: list[str])
             lines.append(f"        self.{slug} = {call_path(bound.spec)}({args})")
         for key, value in bound.call_kwargs.items():
             if isinstance(value, Weight):
-                lines.append(f"        self.{slug}_{key} = nn.Parameter(torch.randn({', '.join(map(str, value.shape))}))")
+                lines.append(f"        self.{slug}_{key} = nn.Parameter(torch.randn({dims.source(value, None)}))")
     lines += ["", "    def forward(self, x):"]
     for slug, bound in zip(slugs, chain):
-        lines.append(f"        x = {_call_expr(slug, bound)}")
+        lines.append(f"        x = {_call_expr(slug, bound, dims)}")
     lines.append("        return x")
     return lines
 
 
-def _call_expr(slug: str, bound: BoundOp) -> str:
-    kwargs = dict(bound.call_kwargs)
+def _call_expr(slug: str, bound: BoundOp, dims: _DimNames) -> str:
+    kwargs, recipes = dict(bound.call_kwargs), bound.spec.call_args
     first = f"{kwargs.pop('__input__')}=x" if "__input__" in kwargs else "x"
-    positional = "".join(f", {value!r}" for value in kwargs.pop("__args__", ()))
-    keywords = "".join(f", {key}={_argument_source(value, f'self.{slug}_{key}')}" for key, value in kwargs.items())
+    positional = "".join(f", {dims.source(value, recipe)}"
+                         for value, recipe in zip(kwargs.pop("__args__", ()), _padded(recipes.get("__args__", ()))))
+    keywords = "".join(f", {key}={_argument_source(value, f'self.{slug}_{key}', dims, recipes.get(key))}"
+                       for key, value in kwargs.items())
     callee = f"self.{slug}" if bound.spec.kind == MODULE else call_path(bound.spec)
     item = f"[{bound.spec.output_item}]" if bound.spec.output_item is not None else ""
     return f"{callee}({first}{positional}{keywords}){item}"
 
 
-def _argument_source(value, weight_attribute: str) -> str:
+def _argument_source(value, weight_attribute: str, dims: _DimNames, recipe) -> str:
     if isinstance(value, Weight):
         return weight_attribute
     if isinstance(value, str) and value.startswith(COMPUTED):
         return value[len(COMPUTED):]
-    return repr(value)
+    return dims.source(value, recipe)
+
+
+def _padded(recipes):
+    """Positional recipes, then None for ever: a recipe list shorter than its values names no size."""
+    yield from recipes if isinstance(recipes, (tuple, list)) else ()
+    while True:
+        yield None
 
 
 def merge_definitions(specs: list[OpSpec]) -> str:

@@ -48,7 +48,7 @@ SAMPLE_COLUMNS = {
     "input_sensitivity": "largest output difference between two independent random inputs",
     "peak_memory_mb": "peak device memory of a forward call, in MB (empty on the CPU)",
     "output_max_abs": "the largest magnitude of any output element",
-    "resized": "whether opsynth changed `batch_size` to bring the task into the timing window",
+    "resized": "whether opsynth re-sized the task's size constants to bring it to the timing target",
     "source": "the file or row a re-audited task came from (`opsynth validate`); empty for composed tasks",
     "provenance": "JSON: candidate index, input layout, prompt version and LLM usage, repair history",
 }

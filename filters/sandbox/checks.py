@@ -34,7 +34,9 @@ from filters.sandbox.execution import (GpuGate, Reject, all_finite, build_model,
                                        fresh_copies, fresh_factor, identical, load_and_run, load_task, make_inputs,
                                        max_diff, measure, release, scaled_copies, short, tolerance_share,
                                        warm_up_calls)
-from filters.sandbox.resize import NotResizable, scale_constant
+from filters.sandbox.resize import (RESIZE_CONSTANT, SIZE_METRIC, at_level, kind_of, nearest_level, size_constants,
+                                    sizes_metrics, with_constants, work_ratio)
+from operators.sizes import BATCH
 
 _compile = torch.compile
 _reset_dynamo = torch._dynamo.reset
@@ -171,17 +173,24 @@ def run_eagerly(t: TaskUnderTest, code: str) -> None:
 
 
 class InTimingWindow(Check):
-    """Median eager time inside the window and peak memory under the cap. While outside,
-    `batch_size` is scaled and the task measured again. Small tasks are overhead-bound, so a
-    linear estimate can overshoot: the batch sizes known to be too fast and too slow (or out
-    of memory) bracket the next guess. The search uses quick measurements; only the final
-    one takes the GPU exclusively."""
+    """Median eager time inside the window and peak memory under the cap. While outside, or
+    in it but away from `target_ms` by more than `target_ratio` either way, the whole problem
+    is re-sized along ladders of real layer sizes (filters/sandbox/resize.py: batch, widths,
+    extents) and measured again. Aiming at the target rather than stopping at the window's
+    edge puts the median eager time at the target. Small tasks are overhead-bound, so an
+    estimate can overshoot: the levels known to be too fast and too slow (or out of memory)
+    bracket the next guess. A task whose model cannot be built at other widths is re-sized
+    by its batch alone. Quick measurements (the GPU shared) steer the search outside the
+    window; inside it only a precise one (the GPU alone) decides and aims, since a quick one
+    can read many times slower. A search that ends outside the window goes back to the last
+    size a precise measure found inside it."""
 
     stage = "timing"
     reasons = {**TASK_ERRORS, **UNMEASURED, "too_fast": "under the timing window even after re-sizing",
                "too_slow": "over the timing window even after re-sizing", "too_large": "over the memory cap"}
     repairable = frozenset({"too_fast", "too_slow", "too_large"})
-    defaults = {"window_ms": (1.0, 100.0), "target_ms": 3.0, "max_resize_rounds": 6, "max_task_memory_gb": 16.0,
+    defaults = {"window_ms": (1.0, 100.0), "target_ms": 3.0, "target_ratio": 1.5, "max_resize_rounds": 8,
+                "max_task_memory_gb": 16.0,
                 # Memory the resize search may give one task in this worker (None: the task cap). The
                 # later checks hold a second model and more outputs, so a share's third is the limit.
                 "memory_budget_gb": None,
@@ -191,42 +200,55 @@ class InTimingWindow(Check):
     nullable = frozenset({"peak_memory_mb"})
 
     def run(self, t: TaskUnderTest) -> None:
-        cfg, metrics, gate, device = t.cfg, t.metrics, t.gate, t.device
+        cfg, device = t.cfg, t.device
         low, high = cfg["window_ms"]
         target = min(max(cfg["target_ms"], low), high)
         cap_bytes = memory_cap_mb(cfg) * 2**20
-        original, too_fast_at, too_slow_at = t.code, 0, math.inf
+        search = SizeSearch(t.code)
         for attempt in range(cfg["max_resize_rounds"] + 1):
-            with gate.shared("quick timing"):
-                eager_ms, peak = measure(t.model, t.inputs, cfg, device, precise=False)
-            record = dict(resize_rounds=attempt, resized=t.code != original)
-            metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None, **record)
-            if self.decide(metrics, cfg) is None:  # a quick measure in the window: measure it precisely
-                warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], gate)  # only measuring holds the GPU alone
-                with gate.exclusive():
-                    eager_ms, peak = measure(t.model, t.inputs, cfg, device, precise=True)
-                metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None)
-                if self.decide(metrics, cfg) is None:
+            last = attempt == cfg["max_resize_rounds"]
+            t.metrics["resize_rounds"] = attempt
+            warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], t.gate)  # a cold model reads slow
+            eager_ms, peak = self._measure(t, search, precise=False)
+            if self.decide(t.metrics, cfg) is not None:  # outside the window: re-size
+                level = None if last else search.next_level(self._factor(eager_ms, peak, target, cap_bytes), False)
+            else:  # inside it by a quick measure: only a precise one decides, and aims
+                eager_ms, peak = self._measure(t, search, precise=True)
+                factor = self._factor(eager_ms, peak, target, cap_bytes)
+                inside = self.decide(t.metrics, cfg) is None
+                if inside and (last or 1 / cfg["target_ratio"] <= factor <= cfg["target_ratio"]):
                     return
-            too_large = peak is not None and peak > cap_bytes
-            if attempt == cfg["max_resize_rounds"]:
+                if inside:
+                    search.kept = search.level
+                level = None if last else search.next_level(factor, False, precise=True)
+                if inside and level is None:
+                    return
+            if level is None:
                 break
-            try:
-                _, batch, _ = scale_constant(t.code, 1.0)
-            except NotResizable:
-                break
-            if eager_ms < low and not too_large:
-                too_fast_at = max(too_fast_at, batch)
-            else:
-                too_slow_at = min(too_slow_at, batch)
-            factor = cap_bytes / peak * 0.8 if too_large else target / max(eager_ms, 1e-3)
-            guess = bracketed(round(batch * min(max(factor, 1 / 64), 64)), batch, too_fast_at, too_slow_at)
-            if guess is None:
-                break
-            t.task = t.model = t.inputs = t.out = None
-            release(device)
-            too_slow_at = self._load_resized(t, guess, batch, too_fast_at, too_slow_at)
+            self._unload(t)
+            self._load_resized(t, search, level)
+        if search.kept is not None and search.kept != search.level:  # back to the last size inside the window
+            self._unload(t)
+            self._load_resized(t, search, search.kept)
+            warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], t.gate)
+            self._measure(t, search, precise=True)
         self.stop_if_failed(t)
+
+    @staticmethod
+    def _measure(t: TaskUnderTest, search: SizeSearch, precise: bool) -> tuple[float, float | None]:
+        """A quick measure (the GPU shared) or a precise one (the GPU alone, after a warm-up), into the metrics."""
+        if precise:
+            warm_up_calls(t.model, t.inputs, t.device, t.cfg["warmup_ms"], t.gate)  # only measuring holds the GPU alone
+        with t.gate.exclusive("precise timing") if precise else t.gate.shared("quick timing"):
+            eager_ms, peak = measure(t.model, t.inputs, t.cfg, t.device, precise=precise)
+        t.metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
+                         resized=t.code != search.original)
+        return eager_ms, peak
+
+    @staticmethod
+    def _unload(t: TaskUnderTest) -> None:
+        t.task = t.model = t.inputs = t.out = None
+        release(t.device)
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
         eager_ms, peak_mb = number(metrics, "eager_ms"), metrics.get("peak_memory_mb") if isinstance(metrics, dict) else 0
@@ -245,34 +267,110 @@ class InTimingWindow(Check):
         return None
 
     @staticmethod
-    def _load_resized(t: TaskUnderTest, guess, batch, too_fast_at, too_slow_at) -> float:
-        """Load the task at `guess` into `t`; running out of memory lowers the bracket and
-        tries smaller. Returns the (maybe lowered) too-slow bound."""
-        while guess is not None:
-            resized, _, _ = scale_constant(t.code, guess / batch)
+    def _factor(eager_ms: float, peak: float | None, target: float, cap_bytes: float) -> float:
+        """How much more work would bring the task to the target (under the memory cap)."""
+        if peak is not None and peak > cap_bytes:
+            return cap_bytes / peak * 0.8
+        return target / max(eager_ms, 1e-3)
+
+    @staticmethod
+    def _load_resized(t: TaskUnderTest, search: SizeSearch, level: int) -> None:
+        """Load the task at `level` into `t`. Running out of memory makes it a too-slow bound
+        and tries smaller; a model that cannot be built at other widths or extents (or gives
+        NaN there) is searched again by its batch alone."""
+        while level is not None:
+            code = search.code_at(level)
             try:
-                run_eagerly(t, resized)
+                run_eagerly(t, code)
             except Reject as reject:
-                if reject.reason != "out_of_memory":
-                    raise
                 release(t.device)
-                too_slow_at = min(too_slow_at, guess)
-                guess = bracketed(round(math.sqrt(max(too_fast_at, 1) * guess)), batch, too_fast_at, too_slow_at)
+                if reject.reason == "out_of_memory":
+                    level = search.out_of_memory(level)
+                    continue
+                if search.batch_only or not search.changes_widths(level) or (level := search.by_batch_alone()) is None:
+                    raise
                 continue
-            t.metrics["batch_size"] = guess
-            t.code = resized
-            return too_slow_at
-        raise Reject("timing", "too_large", f"no batch size between {too_fast_at} and {batch} fits in memory")
+            search.level = level
+            t.code = code
+            for name in [key for key in t.metrics if key.startswith(SIZE_METRIC)]:
+                del t.metrics[name]
+            t.metrics.update(search.metrics(level))
+            return
+        raise Reject("timing", "too_large", "no smaller size of the task fits in memory")
+
+
+class SizeSearch:
+    """Where the timing check's re-sizing stands: the task's size constants as written, the
+    level loaded now, and the levels known too fast (under the target) and too slow (over it,
+    or out of memory), which bracket every later guess (filters/sandbox/resize.py)."""
+
+    def __init__(self, code: str):
+        self.original = code
+        self.constants = size_constants(code)
+        self.batch_only = False
+        self.level, self.too_fast_at, self.too_slow_at = 0, -math.inf, math.inf
+        self.first_factor: float | None = None
+        self.kept: int | None = None  # the last level a precise measure found inside the window
+
+    def next_level(self, factor: float, aimed: bool, precise: bool = False) -> int | None:
+        """The level to try after measuring this one `factor` away from the target; None when
+        this one is aimed or nothing is left between the bounds. A precise measure overrules
+        a bound that quick ones set on the other side of this level (a quick measure, taken
+        while other workers share the device, can read many times slower)."""
+        if self.first_factor is None:
+            self.first_factor = factor
+        if aimed:
+            return None
+        if precise and factor > 1 and self.too_slow_at <= self.level:
+            self.too_slow_at = math.inf
+        if precise and factor < 1 and self.too_fast_at >= self.level:
+            self.too_fast_at = -math.inf
+        if factor > 1:
+            self.too_fast_at = max(self.too_fast_at, self.level)
+        else:
+            self.too_slow_at = min(self.too_slow_at, self.level)
+        return nearest_from(self.constants, self.level, factor, self.too_fast_at, self.too_slow_at, self.batch_only)
+
+    def out_of_memory(self, level: int) -> int | None:
+        self.too_slow_at = min(self.too_slow_at, level)
+        return nearest_from(self.constants, self.level, 0.25, self.too_fast_at, self.too_slow_at, self.batch_only)
+
+    def by_batch_alone(self) -> int | None:
+        """Start again from the task as written, re-sizing only its batch."""
+        self.batch_only, self.level, self.kept = True, 0, None
+        factor = self.first_factor or 1.0
+        self.too_fast_at, self.too_slow_at = (0, math.inf) if factor > 1 else (-math.inf, 0)
+        return nearest_from(self.constants, 0, factor, self.too_fast_at, self.too_slow_at, True)
+
+    def sizes(self, level: int) -> dict[str, int]:
+        return at_level(self.constants, level, self.batch_only) or self.constants
+
+    def code_at(self, level: int) -> str:
+        return with_constants(self.original, self.sizes(level)) if level else self.original
+
+    def changes_widths(self, level: int) -> bool:
+        sizes = self.sizes(level)
+        return any(sizes[name] != value for name, value in self.constants.items() if kind_of(name) != BATCH)
+
+    def metrics(self, level: int) -> dict:
+        """`size.<name>` of every constant the level changed, and the batch size it has."""
+        sizes = self.sizes(level)
+        batch = {"batch_size": sizes[RESIZE_CONSTANT]} if RESIZE_CONSTANT in sizes else {}
+        scope = "batch" if self.batch_only else "whole"
+        return {**sizes_metrics(self.constants, sizes), **batch, "resize_scope": scope}
+
+
+def nearest_from(constants: dict[str, int], level: int, factor: float, too_fast_at: float, too_slow_at: float,
+                 batch_only: bool) -> int | None:
+    """The level between the bounds whose work is nearest `factor` times that of `level`."""
+    here = at_level(constants, level, batch_only) or constants
+    scale = work_ratio(constants, here)
+    guess = nearest_level(constants, factor * scale, too_fast_at, too_slow_at, batch_only)
+    return None if guess == level else guess
 
 
 def memory_cap_mb(cfg: dict) -> float:
     return min(cfg["max_task_memory_gb"], cfg["memory_budget_gb"] or math.inf) * 2**10
-
-
-def bracketed(guess: int, batch: int, too_fast_at: int, too_slow_at: float) -> int | None:
-    if not too_fast_at < guess < too_slow_at:
-        guess = round(math.sqrt(max(too_fast_at, 1) * min(too_slow_at, batch * 64)))
-    return None if guess in (batch, too_fast_at, too_slow_at) or guess < 1 else guess
 
 
 class Deterministic(Check):

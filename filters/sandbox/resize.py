@@ -1,60 +1,207 @@
-"""Re-sizing: scale a task's module-level size constant (libcst), keeping everything else."""
+"""Re-sizing: change a task's module-level size constants (libcst), keeping everything else.
+
+The timing check scales the whole problem, not the batch alone: batch, features or
+channels, spatial and sequence sizes step together along ladders of the sizes real layers
+use (operators/layouts.py, LADDERS), so a task brought into the timing window still reads as
+a real layer (a 32-feature Linear no longer gets a batch of 229,391). A constant's name says
+what it sizes; a name that says nothing (kernel_size, num_heads, `dim` (a reduction's axis,
+as often as a width), a slug's constant such as `linear_in_features = features`, which
+follows its layout constant) is left as it is.
+
+`level` k of a task is its constants after k steps (negative: smaller). Each step moves the
+next group of constants of one kind (the batch, then the widths, then the extents, and
+round again) one rung along its ladder; a group at its ladder's end passes its step on. Level
+0 is the task as written. A task whose model cannot be built at other widths or extents is
+re-sized by its batch alone (`batch_only`).
+"""
 from __future__ import annotations
+
+import math
+import re
 
 import libcst as cst
 
+from operators.sizes import BATCH, CHANNELS, FRAMES, HIDDEN, LADDERS, SEQUENCE, SPATIAL
+
 RESIZE_CONSTANT = "batch_size"
+MAX_SIZE = 1 << 20  # no size constant a re-sized task is given is larger
+SIZE_METRIC = "size."  # the metric `size.<name>` holds the value a re-sizing gave constant <name>
+
+# What a constant's whole name says it sizes (KernelBench's names and the layouts' own).
+KINDS = (
+    (BATCH, r"batch_size|batch|bs|n_batch|num_batches"),
+    (HIDDEN, r"features|in_features|out_features|hidden|hidden_size|hidden_dim|d_model|embed_dim|"
+             r"input_size|input_dim|output_dim|d_ff|ffn_dim|intermediate_size|n_embd|model_dim|embedding_dim"),
+    (CHANNELS, r"channels|in_channels|out_channels|num_channels|in_ch|out_ch|filters"),
+    (SEQUENCE, r"seq_len|sequence_length|seq_length|length|seq|num_tokens|tokens|signal_length|input_length"),
+    (SPATIAL, r"height|width|image_size|img_size|spatial_size|resolution|in_height|in_width"),
+    (FRAMES, r"depth|frames|num_frames|in_depth"),
+)
+# The order groups take their steps: the batch first (it changes no weight), then what a
+# layer's weights are sized by, then the extents its kernels sweep.
+STEP_ORDER = (BATCH, HIDDEN, CHANNELS, SEQUENCE, SPATIAL, FRAMES)
+# How much a step of each kind changes the work: a width sizes a layer's input and its
+# output (a Linear's or a conv's work goes with in x out), the others once.
+WORK_EXPONENT = {HIDDEN: 2, CHANNELS: 2}
+MAX_LEVEL = 48
 
 
 class NotResizable(ValueError):
     """The task has no integer `batch_size` constant at module level."""
 
 
+def kind_of(name: str) -> str | None:
+    for kind, pattern in KINDS:
+        if re.fullmatch(pattern, name, flags=re.IGNORECASE):
+            return kind
+    return None
+
+
+def size_constants(code: str) -> dict[str, int]:
+    """The module-level `NAME = <int>` constants whose name says what they size, by name."""
+    finder = _Constants()
+    cst.parse_module(code).visit(finder)
+    return {name: value for name, value in finder.values.items() if kind_of(name) and value > 0}
+
+
+def at_level(constants: dict[str, int], level: int, batch_only: bool = False) -> dict[str, int] | None:
+    """The constants after `level` steps (module docstring), or None when no group can take
+    that many. Level 0 is `constants` unchanged; any other level gives every constant it
+    re-sizes a rung of its ladder."""
+    groups = _groups(constants, batch_only)
+    if not groups:
+        return None
+    values = dict(constants)
+    direction = 1 if level > 0 else -1
+    turn = 0
+    for _ in range(abs(level)):
+        for attempt in range(len(groups)):
+            group = groups[(turn + attempt) % len(groups)]
+            moved = _step(values, group, direction)
+            if moved is not None:
+                values.update(moved)
+                turn = (turn + attempt + 1) % len(groups)
+                break
+        else:
+            return None
+    return values
+
+
+def work_ratio(before: dict[str, int], after: dict[str, int]) -> float:
+    """About how much more work the task does at `after` than at `before` (WORK_EXPONENT)."""
+    return math.prod((after[name] / before[name]) ** WORK_EXPONENT.get(kind_of(name), 1)
+                     for name in before if name in after)
+
+
+def nearest_level(constants: dict[str, int], factor: float, low: float, high: float,
+                  batch_only: bool = False) -> int | None:
+    """The level strictly between `low` and `high` whose work is nearest (in log) `factor`
+    times the work at level 0; None when none lies between."""
+    best, best_gap = None, math.inf
+    first, last = math.floor(max(low, -MAX_LEVEL - 1)) + 1, math.ceil(min(high, MAX_LEVEL + 1)) - 1
+    for level in range(first, last + 1):
+        sizes = at_level(constants, level, batch_only)
+        if sizes is None:
+            continue
+        gap = abs(math.log(work_ratio(constants, sizes)) - math.log(max(factor, 1e-9)))
+        if gap < best_gap:
+            best, best_gap = level, gap
+    return best
+
+
+def _groups(constants: dict[str, int], batch_only: bool) -> list[list[str]]:
+    kinds = (BATCH,) if batch_only else STEP_ORDER
+    return [group for kind in kinds if (group := sorted(n for n in constants if kind_of(n) == kind))]
+
+
+def _step(values: dict[str, int], group: list[str], direction: int) -> dict[str, int] | None:
+    """Every constant of the group one rung up or down its ladder; None when one is at its end."""
+    ladder = LADDERS[kind_of(group[0])]
+    moved = {}
+    for name in group:
+        rungs = [r for r in ladder if (r > values[name] if direction > 0 else r < values[name])]
+        if not rungs:
+            return None
+        moved[name] = min(rungs) if direction > 0 else max(rungs)
+    return moved
+
+
+def sizes_metrics(original: dict[str, int], chosen: dict[str, int]) -> dict[str, int]:
+    """What the timing check records of a re-sizing: `size.<name>` for each constant changed."""
+    return {SIZE_METRIC + name: value for name, value in chosen.items() if original.get(name) != value}
+
+
+def chosen_sizes(code: str, metrics: dict) -> dict[str, int]:
+    """The sizes a child says it chose for `code` (its `size.<name>` metrics), kept only if
+    every one names a size constant of `code` and is an int in [1, MAX_SIZE]: the numbers
+    come from a child that ran the task, so a bad one voids them all. Empty: none valid."""
+    constants = size_constants(code)
+    chosen = {}
+    for key, value in metrics.items():
+        if not key.startswith(SIZE_METRIC):
+            continue
+        name = key[len(SIZE_METRIC):]
+        if name not in constants or isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+            return {}
+        chosen[name] = value
+    return chosen
+
+
 def scale_constant(code: str, factor: float, name: str = RESIZE_CONSTANT) -> tuple[str, int, int]:
     """Return (new code, old value, new value) with `name = <int>` multiplied by `factor`."""
     module = cst.parse_module(code)
-    finder = _ConstantValue(name)
+    finder = _Constants()
     module.visit(finder)
-    if finder.value is None:
+    if name not in finder.values:
         raise NotResizable(f"no module-level integer constant {name!r} to scale")
-    new_value = max(1, round(finder.value * factor))
-    return module.visit(_SetConstant(name, new_value)).code, finder.value, new_value
+    old = finder.values[name]
+    new_value = max(1, round(old * factor))
+    return module.visit(_SetConstants({name: new_value})).code, old, new_value
 
 
 def with_constant(code: str, value: int, name: str = RESIZE_CONSTANT) -> str:
-    """`code` with `name = <int>` set to `value` (a task the checks re-sized, rebuilt from its
-    original code and the batch size they chose)."""
-    return cst.parse_module(code).visit(_SetConstant(name, value)).code
+    """`code` with `name = <int>` set to `value`."""
+    return with_constants(code, {name: value})
 
 
-def _is_constant(node: cst.SimpleStatementLine, name: str) -> cst.Assign | None:
+def with_constants(code: str, values: dict[str, int]) -> str:
+    """`code` with each `name = <int>` of `values` set (a task the checks re-sized, rebuilt
+    from its original code and the sizes they chose)."""
+    return cst.parse_module(code).visit(_SetConstants(values)).code
+
+
+def _is_constant(node: cst.SimpleStatementLine) -> cst.Assign | None:
     statement = node.body[0] if len(node.body) == 1 else None
     if (isinstance(statement, cst.Assign) and len(statement.targets) == 1
-            and isinstance(statement.targets[0].target, cst.Name)
-            and statement.targets[0].target.value == name and isinstance(statement.value, cst.Integer)):
+            and isinstance(statement.targets[0].target, cst.Name) and isinstance(statement.value, cst.Integer)):
         return statement
     return None
 
 
-class _ConstantValue(cst.CSTVisitor):
-    def __init__(self, name: str):
-        self.name, self.value = name, None
+class _Constants(cst.CSTVisitor):
+    """Every module-level `NAME = <int>`; the last assignment of a name wins, as it does at run time."""
+
+    def __init__(self):
+        self.values: dict[str, int] = {}
 
     def visit_Module(self, node: cst.Module) -> bool:
         for statement in node.body:
-            if isinstance(statement, cst.SimpleStatementLine) and (assign := _is_constant(statement, self.name)):
-                self.value = int(assign.value.value)
+            if isinstance(statement, cst.SimpleStatementLine) and (assign := _is_constant(statement)):
+                self.values[assign.targets[0].target.value] = int(assign.value.evaluated_value)
         return False
 
 
-class _SetConstant(cst.CSTTransformer):
-    def __init__(self, name: str, value: int):
-        self.name, self.value = name, value
+class _SetConstants(cst.CSTTransformer):
+    def __init__(self, values: dict[str, int]):
+        self.values = values
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = []
         for statement in updated.body:
-            if isinstance(statement, cst.SimpleStatementLine) and (assign := _is_constant(statement, self.name)):
-                statement = statement.with_changes(body=[assign.with_changes(value=cst.Integer(str(self.value)))])
+            if isinstance(statement, cst.SimpleStatementLine) and (assign := _is_constant(statement)):
+                name = assign.targets[0].target.value
+                if name in self.values:
+                    statement = statement.with_changes(
+                        body=[assign.with_changes(value=cst.Integer(str(self.values[name])))])
             body.append(statement)
         return updated.with_changes(body=body)

@@ -1,7 +1,7 @@
 """The template composer: shape-aware chaining of 1 to 5 catalog ops, no LLM.
 
 Each op is placed against the shape the previous op produced (computed on the meta
-device), so every chain it emits builds and runs at its default sizes. Composition is a
+device), so every chain it emits builds and runs at its drawn sizes. Composition is a
 pure function of (run seed, candidate index): a rerun composes the same candidates.
 
 Two ways to draw a chain (`sampling`):
@@ -33,7 +33,7 @@ import random
 import zlib
 from collections import Counter
 
-from operators.layouts import LAYOUTS
+from operators.layouts import LAYOUTS, Layout, draw_sizes
 from operators.records import Candidate, OpSpec, Verdict, task_id
 from operators.roles import (ANCHOR, EPILOGUE, LAYOUT, NORMALISATION, REAL, REDUCTION, discontinuous, domain_of,
                              feeds, numerically_sensitive, role_of)
@@ -42,7 +42,7 @@ from pipeline.composers.screen import screen
 
 # CUDA-Agent-Ops-6K's op-count mix (share of tasks fusing 1..5 ops).
 DEFAULT_OP_COUNT_MIX = {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
-MAX_ELEMENTS = 1 << 26  # a chain whose intermediate grows past this at default sizes is redrawn
+MAX_ELEMENTS = 1 << 26  # a chain whose intermediate grows past this at its drawn sizes is redrawn
 ATTEMPTS = 64
 # Chains the numeric screen may turn down per candidate, and of them those built around the
 # featured op: an op that fails wherever it is placed (floor of a computed value) costs a few
@@ -184,7 +184,7 @@ class TemplateComposer:
         if not choices:
             return None
         first = self._draw_op(rng, choices)
-        layout = LAYOUTS[rng.choice(sorted(fits(first)))]
+        layout = sized(LAYOUTS[rng.choice(sorted(fits(first)))], rng, first)
         pools[decider] = [first]
         chain: list[BoundOp] = []
         shape = layout.sizes
@@ -207,6 +207,7 @@ class TemplateComposer:
 
     def _try_chain(self, rng: random.Random, num_ops: int, first_pool: list[OpSpec]):
         layout = LAYOUTS[rng.choice(sorted({name for spec in first_pool for name in spec.keeps_rank or spec.layouts}))]
+        layout = sized(layout, rng)
         chain: list[BoundOp] = []
         shape = layout.sizes
         for position in range(num_ops):
@@ -224,6 +225,14 @@ class TemplateComposer:
 
     def _draw_op(self, rng: random.Random, choices: list[OpSpec]) -> OpSpec:
         return rng.choices(choices, weights=[self.weight[spec.name] for spec in choices])[0]
+
+
+def sized(layout: Layout, rng: random.Random, first: OpSpec | None = None) -> Layout:
+    """The layout at sizes drawn for this candidate (operators/layouts.py). A chain led by an
+    inlined layer keeps the default sizes its config was resolved against."""
+    if first is not None and first.definitions:
+        return layout
+    return draw_sizes(layout, rng)
 
 
 def _append(chain: list[BoundOp], spec: OpSpec, layout, shape: tuple[int, ...]) -> tuple[int, ...] | None:

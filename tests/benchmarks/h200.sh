@@ -12,6 +12,7 @@
 #   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
 #   bash tests/benchmarks/h200.sh throughput NAME TREE WORKERS [N] [TASKS]  # N of TASKS through `opsynth validate`: accepted/h, where the time goes
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
+#   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -143,6 +144,12 @@ if [ "$STAGE" = warmup ]; then
     echo "== GPU zygote warm-up levels: the same candidates through the jailed pool per level"
     timeout 560 python3 -m tests.benchmarks.bench_gpu_warm_up --tasks .bench/cands --candidates "${1:-48}" \
         --workers "${2:-8}" 2>&1 | grep -v "^WARNING" | tail -16
+    exit 0
+fi
+if [ "$STAGE" = shapes ]; then
+    # After `funnel` in the same call: how real the accepted tasks' sizes are, and their eager ms.
+    sources=(); for name in "$@"; do sources+=("$OUT/$name"); done
+    python3 -m tests.benchmarks.bench_shapes --count 0 "${sources[@]}" .kb/KernelBench/level2 2>&1 | tail -8
     exit 0
 fi
 if [ "$STAGE" = proofs ]; then

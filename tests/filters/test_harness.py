@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from filters.sandbox import harness
-from filters.sandbox.checks import DependsOnInput, Deterministic, NothingDead, TaskUnderTest, bracketed
+from filters.sandbox.checks import DependsOnInput, Deterministic, NothingDead, SizeSearch, TaskUnderTest
 from filters.sandbox.execution import GpuGate, build_model, forward, load_task
+
+from operators.sizes import in_ladders
 
 from tests.conftest import make_task
 
@@ -43,6 +45,8 @@ CASES = {
     "redundant_op": (make_task("return torch.clamp(torch.sigmoid(x), max=2.0)"), FAST),  # never binds
     "resized": (make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 1\nfeatures = 256"),
                 {"compile": False}),
+    "resized_by_batch": (make_task("return x.reshape(x.shape[0], 4, 64).sum(-1)",
+                                   constants="batch_size = 1\nfeatures = 256"), {"compile": False}),
     # an RMSNorm as transformers writes it: its float32 casts are no-ops here, not redundant ops
     "casts_kept": (make_task("h = x.to(torch.float32)\nh = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)\n"
                              "return self.weight * h.float().to(x.dtype)",
@@ -60,7 +64,7 @@ def results(pool):
 EXPECTED = {"remembers_first_input": "nondeterministic", "remembers_in_module_state": "nondeterministic"}
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in ("accepted", "resized", "casts_kept")])
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("accepted", "resized", "resized_by_batch", "casts_kept")])
 def test_each_execution_reason(results, name):
     result = results[name]
     assert not result["passed"]
@@ -83,13 +87,22 @@ def test_dtype_casts_are_never_ablated_as_redundant(results):
     assert results["casts_kept"]["passed"], results["casts_kept"]
 
 
-def test_a_too_fast_task_is_resized_into_the_window(results):
+def test_a_too_fast_task_is_resized_into_the_window_as_a_whole_problem_of_real_sizes(results):
     result = results["resized"]
     assert result["passed"], result
     assert result["metrics"]["resized"] and 1.0 <= result["metrics"]["eager_ms"] <= 100.0
     constants = {n.targets[0].id: n.value.value for n in ast.parse(result["code"]).body
                  if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
-    assert constants["batch_size"] > 1 and constants["features"] == 256
+    assert constants["batch_size"] > 1 and constants["batch_size"] % 8 == 0 and in_ladders(constants["batch_size"])
+    assert in_ladders(constants["features"])
+    assert result["metrics"]["resize_scope"] == "whole"
+
+
+def test_a_task_whose_widths_are_fixed_is_resized_by_its_batch_alone(results):
+    result = results["resized_by_batch"]
+    assert result["passed"], result
+    assert result["metrics"]["resize_scope"] == "batch" and "size.features" not in result["metrics"]
+    assert "features = 256\n" in result["code"] and f"batch_size = {result['metrics']['batch_size']}\n" in result["code"]
 
 
 def test_rejects_keep_the_measurements_they_took(results):
@@ -97,11 +110,20 @@ def test_rejects_keep_the_measurements_they_took(results):
     assert results["constant_output"]["metrics"]["input_sensitivity"] == 0.0
 
 
-def test_resize_bracket_never_repeats_a_size_known_to_fail():
-    assert bracketed(640, 10, 0, float("inf")) == 640  # inside the bracket: taken as is
-    assert bracketed(4096, 64, 10, 1000) == 100  # past a size known too slow: the geometric middle
-    assert bracketed(5, 64, 10, 1000) == 100  # under a size known too fast: likewise
-    assert bracketed(11, 10, 10, 11) is None  # nothing left between the bounds
+def test_resize_search_never_repeats_a_level_known_to_miss_and_falls_back_to_the_batch():
+    search = SizeSearch(make_task("return x * 2.0", constants="batch_size = 8\nfeatures = 256"))
+    up = search.next_level(100.0, aimed=False)  # level 0 too fast: a level above it
+    assert up > 0 and search.too_fast_at == 0
+    search.level = up
+    down = search.next_level(0.1, aimed=False)  # that one too slow: between the two
+    assert down is None or 0 < down < up
+    assert search.next_level(1.0, aimed=True) is None  # at the target: stay
+    search.level = 0  # quick measures said level 0 too slow; a precise one says too fast: it wins
+    search.too_slow_at = 0
+    assert search.next_level(100.0, aimed=False, precise=True) > 0 and search.too_slow_at == float("inf")
+    assert search.changes_widths(up)
+    alone = search.by_batch_alone()
+    assert search.batch_only and alone > 0 and not search.changes_widths(alone)
 
 
 def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):

@@ -9,7 +9,8 @@ import pytest
 
 from filters.sandbox import jail
 from filters.sandbox.harness import REASONS
-from filters.sandbox.pool import WorkerPool
+from filters.sandbox.pool import WorkerPool, _finish
+from filters.sandbox.resize import with_constants
 from filters.sandbox.validate import validate
 from filters.sandbox.worker import check_result
 from operators.records import Candidate
@@ -101,8 +102,20 @@ def test_a_result_is_taken_only_in_the_shape_the_checks_produce():
 def test_a_resized_verdict_applies_to_the_jobs_own_code_resized_by_the_pool(short_pool):
     tiny = make_task("return torch.sigmoid(x).cumsum(-1)", constants="batch_size = 2\nfeatures = 256")
     result = run(short_pool, tiny, {"compile": False, "window_ms": [1.0, 1e6], "target_ms": 2.0})
-    assert result["metrics"]["resized"] and result["metrics"]["batch_size"] > 2, result
-    assert result["code"] == tiny.replace("batch_size = 2\n", f"batch_size = {result['metrics']['batch_size']}\n")
+    metrics = result["metrics"]
+    assert metrics["resized"] and metrics["batch_size"] > 2, result
+    sizes = {name[len("size."):]: value for name, value in metrics.items() if name.startswith("size.")}
+    assert sizes and result["code"] == with_constants(tiny, sizes)
+
+
+def test_the_pool_rebuilds_resized_code_only_from_sizes_of_the_jobs_own_constants():
+    tiny = make_task("return torch.sigmoid(x)", constants="batch_size = 2\nfeatures = 256")
+    result = lambda metrics: {"passed": True, "stage": "accepted", "reason": "", "detail": "",  # noqa: E731
+                              "metrics": {"resized": True, **metrics}}
+    assert "batch_size = 64\nfeatures = 512\n" in _finish({"code": tiny}, result({"size.batch_size": 64,
+                                                                              "size.features": 512}))["code"]
+    for forged in ({"size.batch_size": 64, "size.os": 1}, {"size.batch_size": -1}, {"size.features": "512"}):
+        assert _finish({"code": tiny}, result(forged))["code"] == tiny, forged
 
 
 def test_nothing_a_task_changes_reaches_the_next_job(short_pool):

@@ -49,8 +49,9 @@ def test_builtin_without_signature_is_probed_with_call_patterns():
 
 
 @pytest.mark.parametrize("op, name, call_args, parameter", [
-    (torch.maximum, "torch.maximum", {"other": "$W"}, "self.maximum_other = nn.Parameter(torch.randn(512))"),
-    (torch.mm, "torch.mm", {"mat2": "$M"}, "self.mm_mat2 = nn.Parameter(torch.randn(512, 512))"),
+    # a weight sized by the input names the layout constant: re-sizing `features` re-sizes it
+    (torch.maximum, "torch.maximum", {"other": "$W"}, "self.maximum_other = nn.Parameter(torch.randn(features))"),
+    (torch.mm, "torch.mm", {"mat2": "$M"}, "self.mm_mat2 = nn.Parameter(torch.randn(features, features))"),
 ])
 def test_binary_ops_get_a_learned_operand(op, name, call_args, parameter):
     spec = probe(op, name, "torch")
