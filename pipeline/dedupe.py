@@ -61,23 +61,26 @@ def with_graphs(reference: ReferenceSet, graphs: list[str | None]) -> ReferenceS
 
 def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[str | None]:
     """What `trace_all` returns, from the same cache: the op sequence of each task, or None.
-    The tasks not in the cache are traced `batch` to a child; what a batch leaves (after a
-    task that changed its process, or all of it when it failed) is traced one task per child."""
+    The tasks not in the cache are traced `batch` to a child; what a batch leaves when it runs
+    out of time is batched again, and what it leaves after a task changed its process (or
+    all of it, when it failed) is traced one task per child."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
-    found = {code: store.get(graph_key(code)) for code in set(codes)}
-    missing = sorted(code for code, entry in found.items() if entry is None)
-    batches = [missing[i:i + batch] for i in range(0, len(missing), batch)]
-    results = pool.run_many([{"code": "", "config": {"trace_batch": part}} for part in batches]) if batches else []
+    found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
+    pending = [code for code, entry in found.items() if entry is None]
     alone = []
-    for part, result in zip(batches, results):
-        done = result["metrics"].get("traced", 0) if result["passed"] else 0
-        for i, code in enumerate(part[:done]):
-            found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}")}
-            store.put(graph_key(code), found[code])
-        alone += part[done:]
+    while pending:
+        batches = [pending[i:i + batch] for i in range(0, len(pending), batch)]
+        pending = []
+        for part, result in zip(batches, pool.run_many([{"code": "", "config": {"trace_batch": part}}
+                                                        for part in batches])):
+            done = result["metrics"].get("traced", 0) if result["passed"] else 0
+            for i, code in enumerate(part[:done]):
+                found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}")}
+                store.put(graph_key(code), found[code])
+            rest = part[done:]
+            (pending if result["passed"] and not result["metrics"].get("steered") and done else alone).extend(rest)
     if alone:
-        log.info("%d of %d tasks traced alone (a batch failed, or one of its tasks changed its process)",
-                 len(alone), len(missing))
+        log.info("%d tasks traced one per child (a batch failed, or one of its tasks changed its process)", len(alone))
     for code, graph in zip(alone, trace_all(alone, pool, cache_dir)):
         found[code] = {"op_graph": graph}
     return [found[code]["op_graph"] for code in codes]

@@ -17,6 +17,7 @@ import builtins
 import os
 import sys
 import threading
+import time
 
 import torch
 import torch.nn as nn
@@ -28,6 +29,9 @@ MAX_BATCH_CHARS = 600_000
 # Tasks traced between two digests (one takes 2-5 ms, a trace 20-40): when a digest changed,
 # the traces since the last one are not kept and those tasks are traced alone.
 CHECK_EVERY = 4
+# A batch starts no task after this long (the child's hard limit is worker.TRACE_LIMIT_S): a
+# batch of large networks that runs out of time loses none of the traces it made.
+BATCH_BUDGET_S = 5.0
 WATCHED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.fft", "torch.linalg", "torch.special",
                    "torch.nn.init", "torch.ops", "torch.utils._python_dispatch", "torch.utils._pytree", "math")
 # The modules a trace runs (harness.trace): their tables are read by content as well, every
@@ -38,22 +42,26 @@ TRACER_MODULES = frozenset({"filters.sandbox.op_graph", "filters.sandbox.harness
 
 
 def trace_batch(codes: list[str]) -> dict:
-    """{"traced": k, "op_graph_0": ..., ..., "op_graph_{k-1}": ...}: the traces of the first
-    k tasks, which no earlier task of the batch can have steered. k < len(codes) when a task
-    changed the process (the rest must be traced alone) or the answer grew too long."""
+    """{"traced": k, "steered": bool, "op_graph_0": ..., ..., "op_graph_{k-1}": ...}: the
+    traces of the first k tasks, which no earlier task of the batch can have steered. k is
+    less than len(codes) when a task changed the process (`steered`: the rest must be traced
+    alone), or when the batch used its time or its answer's room (the rest may be batched again)."""
+    began = time.monotonic()
     sentinel, before = trace(WARM_UP_TASK), process_state()
-    graphs, trusted = [], 0
+    graphs, trusted, steered = [], 0, False
     for i, code in enumerate(codes):
         graphs.append(trace(code))
-        if (i + 1) % CHECK_EVERY == 0 or i + 1 == len(codes):
-            if changed(before, process_state()):  # one of the tasks since the last look changed the process
+        if (i + 1) % CHECK_EVERY == 0 or i + 1 == len(codes) or time.monotonic() - began > BATCH_BUDGET_S:
+            steered = changed(before, process_state())  # by one of the tasks since the last look
+            if steered:
                 break
             trusted = i + 1
-            if sum(len(graph or "") for graph in graphs) > MAX_BATCH_CHARS:
+            if sum(len(graph or "") for graph in graphs) > MAX_BATCH_CHARS or time.monotonic() - began > BATCH_BUDGET_S:
                 break
     if trace(WARM_UP_TASK) != sentinel:  # steered where the digest does not look, by a task unknown: none is kept
-        trusted = 0
-    return {"traced": trusted, **{f"op_graph_{i}": graph for i, graph in enumerate(graphs[:trusted])}}
+        trusted, steered = 0, True
+    return {"traced": trusted, "steered": steered,
+            **{f"op_graph_{i}": graph for i, graph in enumerate(graphs[:trusted])}}
 
 
 def process_state() -> dict:
