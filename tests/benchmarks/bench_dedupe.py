@@ -1,6 +1,6 @@
 """`opsynth dedupe` speed: N distinct external tasks against a KernelBench checkout.
 
-    python -m tests.benchmarks.bench_dedupe /path/to/KernelBench [--tasks 10000] [--workers 2] [--alone 200]
+    python -m tests.benchmarks.bench_dedupe /path/to/KernelBench [--tasks 10000] [--workers 2] [--cores 2] [--alone 300]
 
 The tasks are composed by the template composer over the torch catalog (several processes;
 kept in --work, so a second run reuses them) and written as a folder of .py files, as a
@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("kernelbench")
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cores", type=int, default=0, help="after composing, run on this many cores only")
     parser.add_argument("--alone", type=int, default=0, help="also trace this many tasks one per child")
     parser.add_argument("--work", default=str(Path.home() / ".cache" / "opsynth" / "bench_dedupe"))
     args = parser.parse_args()
@@ -68,6 +69,8 @@ def main() -> None:
     began = time.perf_counter()
     tasks = composed_tasks(Path(args.work) / f"tasks-{args.tasks}", args.tasks, max(1, os.cpu_count() or 1))
     print(f"tasks                 {args.tasks} distinct, in {tasks} ({time.perf_counter() - began:.0f} s to compose)")
+    if args.cores:  # the sandbox workers started from here inherit it
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cores])
 
     with tempfile.TemporaryDirectory(dir=args.work) as cache:
         began = time.perf_counter()
@@ -85,7 +88,7 @@ def main() -> None:
             total = time.perf_counter() - began
             alone = compare_alone(tasks, args.alone, pool, Path(cache)) if args.alone else None
 
-    print(f"workers               {args.workers} on {os.cpu_count()} cores")
+    print(f"workers               {args.workers} on {len(os.sched_getaffinity(0))} cores")
     print(f"pool start            {started:.1f} s")
     print(f"reference, cold       {reference_s:.1f} s (once per torch version; not in the total)")
     print(f"trace + score + write {total - started:.1f} s")
