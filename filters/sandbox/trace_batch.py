@@ -5,11 +5,14 @@ a zygote that holds torch), which made 10,000 external tasks take half an hour.
 Tasks that share a process could steer each other's traces: a task from outside has passed
 no static check, and could rebind a torch function, the tracer's tables or a builtin, start
 a thread, or push a dispatch mode. So the child takes a digest of everything a trace reads
-by name before the first task, and traces a fixed sentinel task at both ends of the batch. The digest is taken every CHECK_EVERY tasks; when it changed, the batch
-ends there, and the tasks since the last digest that held, with every later one, are
-traced again alone, in a child of each (pipeline/dedupe.py). When the sentinel's trace
-changed, no trace of the batch is kept. Each task is loaded into a fresh module
-namespace (`execution.load_task`), so a task's own names are never another's.
+by name before the first task and again every CHECK_EVERY tasks, and traces a fixed
+sentinel task at both ends of the batch. When a digest changed, the batch ends there: the
+tasks since the last digest that held, and every later one, are traced again alone, in a
+child of each (pipeline/dedupe.py). When the sentinel's trace changed, no trace of the batch
+is kept. Each task is loaded into a fresh module namespace (`execution.load_task`), so a
+task's own names are never another's. What the digest cannot see (a task that edits a
+container deep inside torch that only some later task's op reads) is the residual risk:
+such a task can steer traces in its own batch of 32, not its verdicts (dedupe has none).
 """
 from __future__ import annotations
 
