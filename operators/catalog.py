@@ -4,8 +4,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
+import os
 import warnings
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from dataclasses import replace
 from pathlib import Path
@@ -15,10 +18,11 @@ import pyarrow.parquet as pq
 
 from operators.probe import probe, probe_inlined
 from operators.records import InlinedOp, OpSpec, SkippedOp
-from operators.sources import library_name, source_for
+from operators.sources import library_name, source_for, source_shard
 
 log = logging.getLogger(__name__)
 CATALOG_VERSION = "7"  # bump when probing rules change, so cached catalogs are rebuilt
+MAX_PROCESSES = 16
 
 CATALOG_SCHEMA = pa.schema([
     ("name", pa.string()), ("library", pa.string()), ("kind", pa.string()),
@@ -30,24 +34,53 @@ CATALOG_SCHEMA = pa.schema([
 ])
 
 
-def crawl(libraries: list[str]) -> tuple[list[OpSpec], list[SkippedOp]]:
+def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSpec], list[SkippedOp]]:
     """Probe every op each source yields. An op seen twice (by signature, then with an
-    OpInfo sample) keeps the first runnable result; a skip is replaced by a later success."""
+    OpInfo sample) keeps the first runnable result; a skip is replaced by a later success.
+    With `processes` > 1 (default: one per core, at most MAX_PROCESSES), each library's
+    source is split in that many parts (sources.source_shard), probed in parallel, and the
+    results are merged in the source's own order: the catalog is the one-process crawl's."""
+    processes = processes or min(os.cpu_count() or 1, MAX_PROCESSES)
+    for library in libraries:  # an unknown --library fails here, before any process starts
+        source_for(library)
+    if processes <= 1:
+        keyed = [(position, key, name, result) for position, library in enumerate(libraries)
+                 for key, name, result in _crawl_part(library, 0, 1)]
+    else:
+        parts = [(position, library, shard) for position, library in enumerate(libraries) for shard in range(processes)]
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as executor:
+            done = executor.map(_crawl_part, [library for _, library, _ in parts], [shard for *_, shard in parts],
+                                [processes] * len(parts))
+            keyed = [(position, key, name, result) for (position, _, _), part in zip(parts, done)
+                     for key, name, result in part]
     results: dict[str, OpSpec | SkippedOp] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for library in libraries:
-            for entry in source_for(library)():
-                name = entry[0] if isinstance(entry, tuple) else entry.name
-                if isinstance(results.get(name), OpSpec):
-                    continue
-                result = _probe_entry(entry, name.split(".")[0] if isinstance(entry, tuple) else None)
-                if name not in results or isinstance(result, OpSpec):
-                    results[name] = replace(result, source=library)
+    for _, _, name, result in sorted(keyed, key=lambda item: item[:2]):
+        if isinstance(results.get(name), OpSpec):
+            continue
+        if name not in results or isinstance(result, OpSpec):
+            results[name] = result
     specs = [r for r in results.values() if isinstance(r, OpSpec)]
     skipped = [r for r in results.values() if isinstance(r, SkippedOp)]
     log.info("crawled %s: %d runnable, %d skipped", ",".join(libraries), len(specs), len(skipped))
     return specs, skipped
+
+
+def _crawl_part(library: str, shard: int, shards: int) -> list[tuple[tuple, str, OpSpec | SkippedOp]]:
+    """(key, name, result) of every entry of one part of a library's source, probed."""
+    import torch
+    torch.set_num_threads(1)  # one process a core: probes are small
+    out, runnable = [], set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for key, entry in source_shard(library, shard, shards):  # in the source's order
+            name = entry[0] if isinstance(entry, tuple) else entry.name
+            if name in runnable:  # the merge keeps the first runnable result: a later one is not probed
+                continue
+            result = _probe_entry(entry, name.split(".")[0] if isinstance(entry, tuple) else None)
+            out.append((key, name, replace(result, source=library)))
+            if isinstance(result, OpSpec):
+                runnable.add(name)
+    return out
 
 
 def _probe_entry(entry, library: str | None) -> OpSpec | SkippedOp:
@@ -75,7 +108,7 @@ def write_catalog(path: Path, specs: list[OpSpec], skipped: list[SkippedOp]) -> 
 
 
 def read_catalog(path: Path) -> list[OpSpec]:
-    rows = pq.read_table(path).to_pylist()
+    rows = pq.ParquetFile(path).read().to_pylist()  # read_table imports pyarrow.dataset and pandas: seconds
     return [OpSpec.from_row(row) for row in rows if row["runnable"]]
 
 
@@ -104,7 +137,7 @@ def _version(package: str) -> str:
 
 def coverage_summary(path, top: int = 8) -> str:
     """Runnable ops per --library value and kind, families for inlined libraries, and the top skip reasons."""
-    rows = pq.read_table(path, columns=["name", "source", "kind", "runnable", "skip_reason"]).to_pylist()
+    rows = pq.ParquetFile(path).read(columns=["name", "source", "kind", "runnable", "skip_reason"]).to_pylist()
     lines = []
     for source in sorted({row["source"] for row in rows}):
         mine = [row for row in rows if row["source"] == source]

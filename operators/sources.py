@@ -33,6 +33,11 @@ def library_name(library: str) -> str:
 
 
 def torch_ops() -> Iterable[tuple[str, object]]:
+    yield from _torch_namespace_ops()
+    yield from opinfo_ops()
+
+
+def _torch_namespace_ops() -> Iterable[tuple[str, object]]:
     for attr in sorted(dir(nn)):
         obj = getattr(nn, attr)
         if isinstance(obj, type) and issubclass(obj, nn.Module):
@@ -47,27 +52,35 @@ def torch_ops() -> Iterable[tuple[str, object]]:
         obj = getattr(torch, attr)
         if callable(obj) and not isinstance(obj, type) and hasattr(torch.Tensor, attr) and not attr.startswith("_"):
             yield f"torch.{attr}", obj
-    yield from opinfo_ops()
 
 
-def opinfo_ops() -> Iterable[tuple]:
+def opinfo_ops(shard: int = 0, shards: int = 1) -> Iterable[tuple]:
     """torch's own registry of ops with sample inputs known to be valid (OpInfo op_db; it
     needs the expecttest package). Each op comes with the arguments of its first sample
-    whose input is one float tensor and whose other arguments are plain values."""
+    whose input is one float tensor and whose other arguments are plain values. Building
+    samples is most of a torch crawl's enumeration: a shard builds those of the op names
+    whose rank (in order of first appearance) is `shard` modulo `shards`."""
+    return (entry for _, entry in _opinfo_ops(shard, shards))
+
+
+def _opinfo_ops(shard: int, shards: int) -> Iterable[tuple[int, tuple]]:
+    """(position in op_db, entry) for opinfo_ops."""
     try:
         from torch.testing._internal.common_methods_invocations import op_db
     except Exception:  # an older or trimmed torch without the registry: signature probing only
         return
-    seen = set()
-    for info in op_db:
+    seen, ranks = set(), {}
+    for position, info in enumerate(op_db):
         name = "torch." + info.name
+        if ranks.setdefault(name, len(ranks)) % shards != shard:
+            continue
         obj = _resolve(name)
         if name in seen or obj is None:
             continue
         recipe = _sample_recipe(info)
         if recipe is not None:
             seen.add(name)
-            yield name, obj, recipe
+            yield position, (name, obj, recipe)
 
 
 def _resolve(name: str):
@@ -118,6 +131,33 @@ def registered_sources() -> dict[str, OpSource]:
             raise ValueError(f"op source {entry.name!r} is registered twice (entry point {entry.value})")
         sources[entry.name] = entry.load()
     return sources
+
+
+def source_shard(library: str, shard: int, shards: int) -> Iterable[tuple[tuple, tuple]]:
+    """One of `shards` parts of what source_for(library) yields, each entry with a key that
+    orders it among all parts as the whole source orders it (the parts, merged by key, are
+    the source). A part computes only its own entries where the source allows: torch's
+    OpInfo samples by op name, transformers by family; any other source is walked whole by
+    every part, each keeping every `shards`-th entry."""
+    name, _, selector = library.partition(":")
+    if library == "torch":
+        namespace = list(_torch_namespace_ops())
+        yield from (((0, i), entry) for i, entry in enumerate(namespace) if i % shards == shard)
+        yield from (((1, position), entry) for position, entry in _opinfo_ops(shard, shards))
+    elif name == "transformers":
+        families = sorted(selector.split(",")) if selector else transformers_families()
+        for f, family in enumerate(families):
+            if f % shards == shard:
+                yield from (((f, i), entry) for i, entry in enumerate(transformers_ops([family])))
+    else:
+        yield from (((i,), entry) for i, entry in enumerate(source_for(library)()) if i % shards == shard)
+
+
+def transformers_families() -> list[str]:
+    import pkgutil
+
+    import transformers.models
+    return sorted(m.name for m in pkgutil.iter_modules(transformers.models.__path__))
 
 
 def source_for(library: str) -> OpSource:

@@ -1,17 +1,27 @@
-"""`opsynth dedupe`: one row per task with its nearest reference task and duplicate."""
+"""`opsynth dedupe`: one row per task with its nearest reference task and duplicate.
+
+Every task is traced in the sandbox, a batch of tasks per child (filters/sandbox/trace_batch.py):
+a child per task cost more than the trace itself. A batch that a task changed, or that
+failed, is finished one task per child, as before."""
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
-from filters.similarity.reference import ReferenceSetError, fingerprint_all, load_reference, read_tasks, trace_all, traced
+from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, load_reference,
+                                          read_tasks, trace_all)
 from filters.similarity.score import with_graph
+from filters.store import JsonStore
 
+log = logging.getLogger(__name__)
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
+TRACE_BATCH = 32  # tasks a child traces: a few seconds of work, well inside the trace's time limit
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
@@ -21,11 +31,12 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     named = read_tasks(tasks)
     if not named:
         raise ReferenceSetError(f"{tasks} holds no tasks")
-    reference = traced(load_reference(against, levels), pool, cache_dir)
+    reference = load_reference(against, levels)
     fingerprints, unparsable = fingerprint_all(named)
     codes = dict(named)
-    graphs = trace_all([codes[fp.name] for fp in fingerprints], pool, cache_dir)
-    computed = [with_graph(fp, graph) for fp, graph in zip(fingerprints, graphs)]
+    graphs = trace_in_batches(list(reference.codes) + [codes[fp.name] for fp in fingerprints], pool, cache_dir)
+    reference = with_graphs(reference, graphs[:len(reference.codes)])
+    computed = [with_graph(fp, graph) for fp, graph in zip(fingerprints, graphs[len(reference.codes):])]
     matches = decontaminate(computed, SimilarityIndex(reference.fingerprints), threshold)
     duplicates = dedupe(fingerprints, dedupe_threshold)
     rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,
@@ -36,3 +47,40 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=REPORT_SCHEMA), out, compression="zstd")
     return rows
+
+
+def traced_in_batches(reference: ReferenceSet, pool, cache_dir: str | Path) -> ReferenceSet:
+    """`reference` with each task's op sequence (filters.similarity.reference.traced, in batches)."""
+    return with_graphs(reference, trace_in_batches(list(reference.codes), pool, cache_dir))
+
+
+def with_graphs(reference: ReferenceSet, graphs: list[str | None]) -> ReferenceSet:
+    fingerprints = tuple(with_graph(fp, graph) for fp, graph in zip(reference.fingerprints, graphs))
+    return replace(reference, fingerprints=fingerprints, traced=sum(bool(g) for g in graphs))
+
+
+def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[str | None]:
+    """What `trace_all` returns, from the same cache: the op sequence of each task, or None.
+    The tasks not in the cache are traced `batch` to a child; what a batch leaves when it runs
+    out of time is batched again, and what it leaves after a task changed its process (or
+    all of it, when it failed) is traced one task per child."""
+    store = JsonStore(Path(cache_dir) / "op_graphs")
+    found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
+    pending = [code for code, entry in found.items() if entry is None]
+    alone = []
+    while pending:
+        batches = [pending[i:i + batch] for i in range(0, len(pending), batch)]
+        pending = []
+        for part, result in zip(batches, pool.run_many([{"code": "", "config": {"trace_batch": part}}
+                                                        for part in batches])):
+            done = result["metrics"].get("traced", 0) if result["passed"] else 0
+            for i, code in enumerate(part[:done]):
+                found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}")}
+                store.put(graph_key(code), found[code])
+            rest = part[done:]
+            (pending if result["passed"] and not result["metrics"].get("steered") and done else alone).extend(rest)
+    if alone:
+        log.info("%d tasks traced one per child (a batch failed, or one of its tasks changed its process)", len(alone))
+    for code, graph in zip(alone, trace_all(alone, pool, cache_dir)):
+        found[code] = {"op_graph": graph}
+    return [found[code]["op_graph"] for code in codes]

@@ -26,7 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from filters.sandbox.checks import CHECK_STAGES, DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.pool import SandboxOptions, shared_pool
 from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_parquet,
-                                          read_tasks, traced)
+                                          read_tasks)
 from operators.catalog import load_or_crawl
 from operators.records import Candidate, OpSpec, task_id
 from operators.sources import library_name
@@ -35,6 +35,7 @@ from operators.usage import op_usage
 from outputs.dataset import write_dataset
 from pipeline.composers.llm import LLMSettings
 from pipeline.config import ConfigError, RunConfig
+from pipeline.dedupe import traced_in_batches
 from pipeline.devices import beam_processes, default_workers, resolve_device, sandbox_options
 from pipeline.out_dir import copy_to_remote, log_to, output_dir
 from pipeline.planning import plan_jobs
@@ -85,7 +86,7 @@ def run(cfg: RunConfig) -> dict:
     workers = cfg.workers or default_workers(device, gpus, cfg.beam_args)
     if reference:  # traced by the pool the run's validation then uses (the same options: the same pool)
         pool = shared_pool(workers, sandbox_options(cfg, device, gpus, workers, out_dir), gpus or None)
-        reference = traced(reference, pool, cfg.cache_dir)
+        reference = traced_in_batches(reference, pool, cfg.cache_dir)
         log.info("reference traced: %d of %d tasks compared by what they compute", reference.traced,
                  len(reference.fingerprints))
     layered = cfg.composer == "template" and cfg.sampling == "layers"

@@ -51,9 +51,8 @@ def traced(reference: ReferenceSet, pool, cache_dir: str | Path) -> ReferenceSet
 
 def trace_all(codes: list[str], pool, cache_dir: str | Path) -> list[str | None]:
     """The op sequence of each task (None where it cannot be traced), from the cache or the pool."""
-    import torch
     store = JsonStore(Path(cache_dir) / "op_graphs")
-    keys = [hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}".encode()).hexdigest() for code in codes]
+    keys = [graph_key(code) for code in codes]
     found = [store.get(key) for key in keys]
     missing = [i for i, entry in enumerate(found) if entry is None]
     results = pool.run_many([{"code": codes[i], "config": {"trace_only": True}} for i in missing]) if missing else []
@@ -62,6 +61,12 @@ def trace_all(codes: list[str], pool, cache_dir: str | Path) -> list[str | None]
         if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
             store.put(keys[i], found[i])
     return [entry["op_graph"] for entry in found]
+
+
+def graph_key(code: str) -> str:
+    """The key of a task's traced op sequence in the cache: its code, the tracer and torch."""
+    import torch
+    return hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}".encode()).hexdigest()
 
 
 def load_reference(source: str, levels: tuple[int, ...] = DEFAULT_LEVELS) -> ReferenceSet:

@@ -13,6 +13,7 @@
 #   bash tests/benchmarks/h200.sh throughput NAME TREE WORKERS [N] [TASKS]  # N of TASKS through `opsynth validate`: accepted/h, where the time goes
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
 #   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
+#   bash tests/benchmarks/h200.sh scale [TASKS]                 # cold and cached crawl on every core; opsynth dedupe on 2 cores
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -161,6 +162,19 @@ if [ "$STAGE" = proofs ]; then
     echo "== worker pool vs fresh process per candidate, as root"
     timeout 300 python3 -m tests.benchmarks.bench_validate --device cuda --tasks .bench/cands \
         --candidates "${1:-24}" --workers 7 2>&1 | tail -8
+    exit 0
+fi
+if [ "$STAGE" = scale ]; then
+    # Issue 27's CPU-side goals: crawl cold <= 60 s on 16 cores, cached <= 5 s; dedupe 10,000 tasks <= 120 s on 2 cores.
+    rm -rf /tmp/crawl-cold
+    echo "== crawl torch + transformers, cold (a scratch cache), one process per core"
+    began=$(date +%s.%N); python3 -m pipeline.cli crawl --cache-dir /tmp/crawl-cold --out /tmp/crawl-cold.parquet 2>&1 | tail -6
+    echo "cold crawl: $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
+    began=$(date +%s.%N); python3 -m pipeline.cli crawl --cache-dir /tmp/crawl-cold --out /tmp/crawl-cold.parquet 2>&1 | tail -2
+    echo "cached crawl: $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
+    echo "== opsynth dedupe: ${1:-10000} external tasks on 2 cores (composing them first takes minutes)"
+    python3 -m tests.benchmarks.bench_dedupe "$PWD/.kb/KernelBench" --tasks "${1:-10000}" --workers 2 --cores 2 \
+        --alone 300 --work /tmp/bench-dedupe 2>&1 | tail -12
     exit 0
 fi
 if [ "$STAGE" = crawl ]; then

@@ -1,0 +1,38 @@
+"""`opsynth dedupe` traces a batch of tasks per sandboxed child (filters/sandbox/trace_batch.py):
+the same op sequences as one task per child, and no task steers the trace of a later task
+of its batch."""
+from filters.similarity.reference import trace_all
+from pipeline.dedupe import trace_in_batches
+from tests.conftest import make_task
+
+FORWARDS = ("return torch.relu(x) * 2.0", "return torch.tanh(x).cumsum(-1)", "return torch.softmax(x, -1) + x",
+            "return torch.sigmoid(x) * x", "return (x @ x.T).relu()")
+
+
+def distinct_tasks(count: int) -> list[str]:
+    """`count` tasks of distinct code (the cache is keyed by code): five forwards, many sizes."""
+    return [make_task(FORWARDS[i % len(FORWARDS)], constants=f"batch_size = {8 + i}\nfeatures = 32")
+            for i in range(count)]
+
+
+def test_batches_give_what_one_task_per_child_gives(pool, tmp_path):
+    codes = distinct_tasks(40)  # two batches: one full, one of 8
+    batched = trace_in_batches(codes, pool, tmp_path / "batched", batch=32)
+    alone = trace_all(codes, pool, tmp_path / "alone")
+    assert batched == alone
+    assert all(batched) and "relu" in batched[0].split() and "tanh" in batched[1].split()
+    # and from the cache, now: same answer, no job
+    assert trace_in_batches(codes, pool, tmp_path / "batched", batch=32) == batched
+
+
+def test_a_task_that_rebinds_torch_steers_no_later_task_of_its_batch(pool, tmp_path):
+    """An external task has passed no static check: in a process it shares, `torch.relu =
+    torch.sigmoid` at import would make every later task's relu trace as a sigmoid (and a
+    contaminated task look new). The batch's digest sees the rebinding, and the tasks after
+    it are traced alone."""
+    steering = make_task("return x * 3.0", header="torch.relu = torch.sigmoid\nnn.ReLU.forward = torch.tanh")
+    victims = [make_task("return torch.relu(x) * 2.0", constants=f"batch_size = {8 + i}\nfeatures = 32")
+               for i in range(6)]
+    graphs = trace_in_batches([steering, *victims], pool, tmp_path / "graphs", batch=32)
+    for graph in graphs[1:]:
+        assert graph.split() == ["relu", "mul"], graph
