@@ -413,8 +413,11 @@ class _Equivalences:
                 live.add(node)
                 frontier.extend(self._resolve(n) for n in self.reads[node])
         nodes = [op for op in self.ops if op in live and op.variable]
-        merged = _merged_branches(nodes, lambda n: [self._resolve(i) for i in self.reads[n]], self.names)
-        return [name for node in nodes if node not in merged for name in self.names(node)]
+        reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
+        merged = _merged_branches(nodes, lambda n: reads[n], self.names)
+        names = {node: self.names(node) for node in nodes if node not in merged}
+        _chain_affine_maps([node for node in nodes if node in names], reads, names)
+        return [name for node in nodes if node in names for name in names[node]]
 
     def names(self, node) -> list[str]:
         return list(self.named[node]) if node in self.named else canonical(node)
@@ -626,6 +629,43 @@ class _Equivalences:
                         if close(got, target[:1], 1e-3):
                             return ("convolution",), [node]
         return None
+
+
+AFFINE = ("mul", "add")
+
+
+def _chain_affine_maps(nodes: list, reads: dict, names: dict) -> None:
+    """An affine map of an affine map is one (`names` edited in place): a norm's own scale
+    and shift followed by an eval batch norm's reads `mul add` once, as the same arithmetic
+    folded by hand does. A map is a node of multiplications and additions that reads one
+    variable value; it joins the map that made that value when nothing else reads it."""
+    users: dict = {}
+    for node in nodes:
+        for read in reads[node]:
+            users.setdefault(read, []).append(node)
+    owner: dict = {}  # a node folded into an earlier map -> that map's node
+    for node in nodes:
+        mine = names[node]
+        if not mine or not set(mine) <= set(AFFINE) or len(reads[node]) != 1:
+            continue
+        previous = reads[node][0]
+        previous = owner.get(previous, previous)
+        tail = _affine_tail(names.get(previous, []))
+        if not tail or len(users.get(reads[node][0], [])) != 1:
+            continue
+        names[previous] = names[previous][:len(names[previous]) - len(tail)] + \
+            [op for op in AFFINE if op in tail or op in mine]
+        names[node] = []
+        owner[node] = previous
+
+
+def _affine_tail(names: list) -> list:
+    tail = []
+    for name in reversed(names):
+        if name not in AFFINE or name in tail:
+            break
+        tail.insert(0, name)
+    return tail
 
 
 def _is_float(value) -> bool:
