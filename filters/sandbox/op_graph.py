@@ -464,7 +464,8 @@ class _Equivalences:
     def _sample(self, node) -> torch.Tensor:
         if node not in self.samples:
             flat = node.value.detach().reshape(-1).float()
-            index = torch.linspace(0, flat.numel() - 1, min(flat.numel(), SAMPLE)).long()
+            count = min(flat.numel(), SAMPLE)
+            index = torch.arange(count) * (flat.numel() - 1) // max(count - 1, 1)  # exact: no float rounding
             self.samples[node] = flat[index]
         return self.samples[node]
 
@@ -556,8 +557,8 @@ class _Equivalences:
             node = frontier.pop()
             if node is source or node in between or not node.variable or node.target is None:
                 continue
-            if node.index < source.index:
-                return None  # `op` reads a variable value from before `source`
+            if node.index < source.index or set(self.named.get(node, AFFINE)) - set(AFFINE):
+                return None  # `op` reads a variable value from before `source`, or a named composite
             between.add(node)
             frontier.extend(self.inputs[node])
         inside = between | {op}
@@ -751,7 +752,15 @@ def _normalise(x: torch.Tensor, dims, groups) -> torch.Tensor:
 
 def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
     """("mul", "add") when target = a * source + b, with a and b scalars (dim None) or one
-    per index along `dim`; the fitted a and b decide which of the two it needs."""
+    per index along `dim`; the fitted a and b decide which of the two it needs. Fitted on a
+    corner of the tensors first (every index of `dim`, a few of each other dimension)."""
+    corner = tuple(slice(None) if d == dim else slice(0, 4) for d in range(source.dim()))
+    if _affine_fit(source[corner], target[corner], dim) is None:
+        return None
+    return _affine_fit(source, target, dim)
+
+
+def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
     x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
         (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
     if x.shape[1] < 4:
