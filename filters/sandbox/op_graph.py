@@ -399,6 +399,7 @@ class _Equivalences:
         for op in self.ops:
             for node in self.inputs[op]:
                 self.users.setdefault(node, set()).add(op)
+        self.absorbed: set = set()  # the inside of a recognised composite: no later value is read from there
         self.samples: dict = {}
         self.images: dict = {}
         for op in self.ops:
@@ -446,6 +447,7 @@ class _Equivalences:
         found = found or self._composite(op, window) or self._affine(op, window) or self._contraction(op, window)
         if found:
             self.named[op], self.reads[op] = found
+            self.absorbed |= self._between(op, min(found[1], key=lambda n: n.index))
 
     def _window(self, op) -> list:
         """The variable nodes `op` depends on, no more than WINDOW ops back, earliest first;
@@ -459,7 +461,8 @@ class _Equivalences:
             seen.add(node)
             if node.target is not None:
                 frontier.extend(self.inputs[node])
-        return sorted((n for n in seen if n.variable and _is_float(n.value)), key=lambda n: n.index)
+        return sorted((n for n in seen if n.variable and _is_float(n.value) and n not in self.absorbed),
+                      key=lambda n: n.index)
 
     def _sample(self, node) -> torch.Tensor:
         if node not in self.samples:
@@ -548,6 +551,18 @@ class _Equivalences:
                 if fit is not None:
                     return fit, [node]
         return None
+
+    def _between(self, op, source) -> set:
+        """The variable ops `op` reached `source` through."""
+        between, frontier = set(), list(self.inputs[op])
+        while frontier:
+            node = frontier.pop()
+            if node is source or node in between or not node.variable or node.target is None \
+                    or node.index < source.index:
+                continue
+            between.add(node)
+            frontier.extend(self.inputs[node])
+        return between
 
     def _private_between(self, op, source) -> set | None:
         """The variable ops between `source` and `op`, if nothing else reads them (folding
