@@ -131,19 +131,20 @@ def _traced(code: str, device: str) -> str:
     with torch.device(device):
         model = task.Model(*task.get_init_inputs()).eval()
         inputs = task.get_inputs()
-    if device == "cpu":
-        _generic_weights(model)
-        inputs = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                  for t in inputs]
-    return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
+    if device != "cpu":
+        return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
+    _generic_weights(model)
+    generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    return " ".join(op_graph(model, inputs, generic))[:MAX_OP_GRAPH]
 
 
 @torch.no_grad()
 def _generic_weights(model: torch.nn.Module) -> None:
     """Weights and inputs a value comparison cannot be fooled by: a norm's weight of ones, a
     bias of zeros, a batch norm's running statistics (0 and 1) make ops that are there look
-    like identities; inputs of torch.rand (all positive) make a relu look like one. Signed
-    inputs, and every constant weight or buffer given a spread (variances kept positive)."""
+    like identities; inputs of torch.rand (all positive) make a relu look like one. Every
+    constant weight or buffer is given a spread (variances kept positive); op_graph compares
+    values on signed inputs wherever the task runs the same ops on them as on its own."""
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if not tensor.is_floating_point() or tensor.numel() < 2:
             continue

@@ -63,18 +63,29 @@ SUFFIXES = ("_legit_no_training", "_legit_functional", "_legit", "_functional", 
 MERGES = frozenset({"cat", "stack", "concat", "concatenate"})
 
 
-def op_graph(model: torch.nn.Module, inputs: list) -> list[str]:
+def op_graph(model: torch.nn.Module, inputs: list, generic: list | None = None) -> list[str]:
     """The canonical op sequence of `model(*inputs)`. On real tensors, what each op computed
     is compared with what came before it (`_Equivalences`); on the meta device there are no
-    values, and only the spelling rules and torch's decompositions apply."""
+    values, and only the spelling rules and torch's decompositions apply. `generic`: other
+    inputs to compare values on (signed: a relu of all-positive inputs looks like nothing),
+    used when the task runs the same ops on them as on its own (its control flow does not
+    ask its data)."""
+    recorder, outputs = _recorded(model, inputs)
+    if generic is not None and outputs and all(t.device.type != "meta" for t in outputs):
+        other, other_outputs = _recorded(model, generic)
+        if [op.target for op in other.ops] == [op.target for op in recorder.ops]:
+            recorder, outputs = other, other_outputs
+    if outputs and all(t.device.type != "meta" for t in outputs):
+        return _Equivalences(recorder).sequence(outputs)
+    return named_composites(_primitives(recorder, outputs))
+
+
+def _recorded(model: torch.nn.Module, inputs: list) -> tuple["_Recorder", list]:
     variables = [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
     recorder = _Recorder(variables=variables)
     with torch.no_grad(), recorder:
         out = model(*inputs)
-    outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    if outputs and all(t.device.type != "meta" for t in outputs):
-        return _Equivalences(recorder).sequence(outputs)
-    return named_composites(_primitives(recorder, out))
+    return recorder, [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def _primitives(recorder: "_Recorder", out) -> list[str]:
@@ -572,8 +583,9 @@ class _Equivalences:
             node = frontier.pop()
             if node is source or node in between or not node.variable or node.target is None:
                 continue
-            if node.index < source.index or set(self.named.get(node, AFFINE)) - set(AFFINE):
-                return None  # `op` reads a variable value from before `source`, or a named composite
+            if node.index < source.index or node in self.named:
+                return None  # `op` reads a variable value from before `source`, or one already named
+                # (affine maps of affine maps are chained in the sequence: `_chain_affine_maps`)
             between.add(node)
             frontier.extend(self.inputs[node])
         inside = between | {op}
