@@ -414,6 +414,8 @@ class _Equivalences:
         self.samples: dict = {}
         self.images: dict = {}
         for op in self.ops:
+            if op.variable and _is_float(op.value) and op.value.numel() > 1 and _uniform(op.value):
+                op.variable = False  # `zeros_like(x)`, `x * 0`: the same value whatever x is, a constant
             if op.variable and _is_float(op.value):
                 self._recognise(op)
 
@@ -526,7 +528,7 @@ class _Equivalences:
             return None
         target, source = op.value.float(), node.value.float()
         low, high = target.min(), target.max()
-        if close(source.clamp(low, high), target):
+        if low < high and close(source.clamp(low, high), target):
             return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
         return "leaky_relu" if _leaky(source, target) else None
 
@@ -694,6 +696,11 @@ def _affine_tail(names: list) -> list:
             break
         tail.insert(0, name)
     return tail
+
+
+def _uniform(value: torch.Tensor) -> bool:
+    flat = value.reshape(-1)
+    return bool(torch.equal(flat[:1].expand_as(flat), flat))
 
 
 def _is_float(value) -> bool:
