@@ -453,6 +453,8 @@ class _Equivalences:
         window = self._window(op)
         layout = not canonical(op)
         found = self._composite(op, window) if layout else None
+        if found and self._same(op, found[1][0]):  # a relu of what is all positive: nothing at all
+            found = None
         same = None if found else next((node for node in window if self._same(op, node)), None)
         if same is not None:
             self.alias[op] = same
