@@ -218,3 +218,315 @@ REWRITES = {"written_out": written_out, "guarded": guarded, "split": split, "rew
 def _method(tree: ast.Module, name: str) -> ast.FunctionDef:
     model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
     return next(n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+# -- equivalent computations: composites, GEMM and convolution in their common written forms ---
+#
+# Each kind swaps modules for subclasses of theirs whose forward computes the same function in
+# other ops (same __init__, so the same weights from the same seed, in Sequential too), and
+# calls of functions for helpers that do. The helpers are written into the task itself.
+
+WRITTEN_FORMS = '''
+import math as _math
+
+
+def _where_relu(x, inplace=False):
+    return torch.where(x > 0, x, torch.zeros_like(x))
+
+
+def _max_relu(x, inplace=False):
+    return torch.maximum(x, torch.zeros((), dtype=x.dtype))
+
+
+def _abs_relu(x, inplace=False):
+    return (x + x.abs()) / 2
+
+
+def _where_leaky_relu(x, negative_slope=0.01, inplace=False):
+    return torch.where(x >= 0, x, x * negative_slope)
+
+
+def _minmax_hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    return torch.minimum(torch.maximum(x, torch.full((), min_val, dtype=x.dtype)), torch.full((), max_val, dtype=x.dtype))
+
+
+def _clamp_hardswish(x, inplace=False):
+    return x * (x + 3).clamp(0, 6) / 6
+
+
+def _erfc_gelu(x, approximate="none"):
+    if approximate == "tanh":
+        return 0.5 * x * (1 + torch.tanh(_math.sqrt(2 / _math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * torch.erfc(-x / _math.sqrt(2))
+
+
+def _sigmoid_tanh(x):
+    return 2 * torch.sigmoid(2 * x) - 1
+
+
+def _tanh_sigmoid(x):
+    return (torch.tanh(x / 2) + 1) / 2
+
+
+def _lse_softmax(x, dim=None, *args, **kwargs):
+    dim = -1 if dim is None else dim
+    return torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True))
+
+
+def _einsum_matmul(a, b):
+    return torch.einsum("...ik,...kj->...ij", a, b) if a.dim() > 1 and b.dim() > 1 else a @ b
+
+
+def _split_k_matmul(a, b):
+    if a.dim() < 2 or b.dim() < 2 or a.shape[-1] < 2:
+        return a @ b
+    k = a.shape[-1] // 2
+    return a[..., :k] @ b[..., :k, :] + a[..., k:] @ b[..., k:, :]
+
+
+def _moments(x, dims):
+    mean = x.mean(dim=dims, keepdim=True)
+    return mean, ((x - mean) ** 2).mean(dim=dims, keepdim=True)
+
+
+class _WrittenLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        mean, var = _moments(x, dims)
+        y = (x - mean) / torch.sqrt(var + self.eps)
+        return y * self.weight + self.bias if self.weight is not None and self.bias is not None else \\
+            y * self.weight if self.weight is not None else y
+
+
+class _WrittenGroupNorm(nn.GroupNorm):
+    def forward(self, x):
+        grouped = x.reshape(x.shape[0], self.num_groups, -1)
+        mean, var = _moments(grouped, (2,))
+        y = ((grouped - mean) / torch.sqrt(var + self.eps)).reshape(x.shape)
+        if self.affine:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            y = y * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return y
+
+
+def _instance_norm_forward(self, x):
+    if self.track_running_stats and not self.training:
+        return type(self).__mro__[2].forward(self, x)
+    mean, var = _moments(x, tuple(range(2, x.dim())))
+    y = (x - mean) / torch.sqrt(var + self.eps)
+    if self.affine:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        y = y * self.weight.reshape(shape) + self.bias.reshape(shape)
+    return y
+
+
+def _batch_norm_forward(self, x):
+    if self.training or not self.track_running_stats:
+        return type(self).__mro__[2].forward(self, x)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    scale = torch.rsqrt(self.running_var + self.eps)
+    shift = -self.running_mean * scale
+    if self.affine:
+        scale, shift = scale * self.weight, shift * self.weight + self.bias
+    return x * scale.reshape(shape) + shift.reshape(shape)
+
+
+class _ScaleShiftBatchNorm1d(nn.BatchNorm1d):
+    forward = _batch_norm_forward
+
+
+class _ScaleShiftBatchNorm2d(nn.BatchNorm2d):
+    forward = _batch_norm_forward
+
+
+class _ScaleShiftBatchNorm3d(nn.BatchNorm3d):
+    forward = _batch_norm_forward
+
+
+class _WrittenInstanceNorm1d(nn.InstanceNorm1d):
+    forward = _instance_norm_forward
+
+
+class _WrittenInstanceNorm2d(nn.InstanceNorm2d):
+    forward = _instance_norm_forward
+
+
+class _WrittenInstanceNorm3d(nn.InstanceNorm3d):
+    forward = _instance_norm_forward
+
+
+class _EinsumLinear(nn.Linear):
+    def forward(self, x):
+        y = torch.einsum("...k,nk->...n", x, self.weight)
+        return y + self.bias if self.bias is not None else y
+
+
+class _BroadcastLinear(nn.Linear):
+    def forward(self, x):
+        y = (x.unsqueeze(-2) * self.weight).sum(-1)
+        return y + self.bias if self.bias is not None else y
+
+
+class _SplitKLinear(nn.Linear):
+    def forward(self, x):
+        k = self.in_features // 2
+        y = x[..., :k] @ self.weight[:, :k].t() + x[..., k:] @ self.weight[:, k:].t()
+        return y + self.bias if self.bias is not None else y
+
+
+class _UnfoldConv2d(nn.Conv2d):
+    def forward(self, x):
+        if self.groups != 1 or self.padding_mode != "zeros" or isinstance(self.padding, str):
+            return super().forward(x)
+        n, h, w = x.shape[0], x.shape[2], x.shape[3]
+        kh, kw = self.kernel_size
+        out_h = (h + 2 * self.padding[0] - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
+        out_w = (w + 2 * self.padding[1] - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
+        columns = torch.nn.functional.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
+        y = (self.weight.reshape(self.out_channels, -1) @ columns).reshape(n, self.out_channels, out_h, out_w)
+        return y + self.bias.reshape(1, -1, 1, 1) if self.bias is not None else y
+
+
+class _Written(nn.Module):
+    def __init__(self, function, **settings):
+        super().__init__()
+        self.function, self.settings = function, settings
+
+    def forward(self, x):
+        return self.function(x, **self.settings)
+'''
+
+# kind: ({function or method name: helper}, {module class: replacement}); a replacement that is
+# a helper name wraps it in _Written with the module's own keyword arguments.
+FORMS = {
+    "relu_where": ({"relu": "_where_relu"}, {"ReLU": "_where_relu"}),
+    "relu_maximum": ({"relu": "_max_relu"}, {"ReLU": "_max_relu"}),
+    "relu_abs": ({"relu": "_abs_relu"}, {"ReLU": "_abs_relu"}),
+    "leaky_relu": ({"leaky_relu": "_where_leaky_relu"}, {"LeakyReLU": "_where_leaky_relu"}),
+    "hardtanh": ({"hardtanh": "_minmax_hardtanh"}, {"Hardtanh": "_minmax_hardtanh"}),
+    "hardswish": ({"hardswish": "_clamp_hardswish"}, {"Hardswish": "_clamp_hardswish"}),
+    "gelu_erfc": ({"gelu": "_erfc_gelu"}, {"GELU": "_erfc_gelu"}),
+    "tanh_sigmoid": ({"tanh": "_sigmoid_tanh", "sigmoid": "_tanh_sigmoid"},
+                     {"Tanh": "_sigmoid_tanh", "Sigmoid": "_tanh_sigmoid"}),
+    "softmax_lse": ({"softmax": "_lse_softmax"}, {"Softmax": "_lse_softmax"}),
+    "norms": ({}, {"LayerNorm": "_WrittenLayerNorm", "GroupNorm": "_WrittenGroupNorm",
+                   **{f"InstanceNorm{n}d": f"_WrittenInstanceNorm{n}d" for n in (1, 2, 3)},
+                   **{f"BatchNorm{n}d": f"_ScaleShiftBatchNorm{n}d" for n in (1, 2, 3)}}),
+    "gemm_einsum": ({"matmul": "_einsum_matmul", "mm": "_einsum_matmul", "bmm": "_einsum_matmul"},
+                    {"Linear": "_EinsumLinear"}),
+    "gemm_broadcast": ({}, {"Linear": "_BroadcastLinear"}),
+    "gemm_split_k": ({"matmul": "_split_k_matmul", "mm": "_split_k_matmul", "bmm": "_split_k_matmul"},
+                     {"Linear": "_SplitKLinear"}),
+    "conv_unfold": ({}, {"Conv2d": "_UnfoldConv2d"}),
+}
+# functional settings a module keeps as attributes, passed to the helper that replaces it
+MODULE_SETTINGS = {"LeakyReLU": ("negative_slope",), "Hardtanh": ("min_val", "max_val"), "GELU": ("approximate",),
+                   "Softmax": ("dim",)}
+FUNCTION_ROOTS = {"torch", "F", "nn"}
+
+
+class _Rewrite(ast.NodeTransformer):
+    """Calls of `functions` (torch.relu, F.relu, x.relu()) become helper calls; modules of
+    `modules` (nn.ReLU(), nn.Linear(...)) become their replacement. Counts what it rewrote."""
+
+    def __init__(self, functions: dict, modules: dict):
+        self.functions, self.modules, self.count = functions, modules, 0
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        func = node.func
+        if not isinstance(func, ast.Attribute):
+            return node
+        root = func.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        api = isinstance(root, ast.Name) and root.id in FUNCTION_ROOTS
+        if api and func.attr in self.modules and func.attr[0].isupper():
+            return self._module(node, func.attr)
+        if func.attr in self.functions and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
+            args = node.args if api else [func.value, *node.args]
+            self.count += 1
+            return ast.copy_location(ast.Call(ast.Name(self.functions[func.attr], ast.Load()), args,
+                                              [k for k in node.keywords if k.arg != "inplace"] if api else node.keywords),
+                                     node)
+        return node
+
+    def _module(self, node, name):
+        replacement = self.modules[name]
+        self.count += 1
+        if replacement.startswith("_W") or replacement[1].isupper():  # a subclass: same arguments
+            return ast.copy_location(ast.Call(ast.Name(replacement, ast.Load()), node.args, node.keywords), node)
+        settings = MODULE_SETTINGS.get(name, ())
+        keywords = [ast.keyword(settings[i], arg) for i, arg in enumerate(node.args[:len(settings)])]
+        keywords += [k for k in node.keywords if k.arg in settings]
+        return ast.copy_location(ast.Call(ast.Name("_Written", ast.Load()), [ast.Name(replacement, ast.Load())],
+                                          keywords), node)
+
+
+class NotApplicable(ValueError):
+    """The task has nothing this kind of disguise rewrites."""
+
+
+def _with_forms(code: str, functions: dict, modules: dict) -> str:
+    """The task's own code rewritten (never the helpers of an earlier kind: tanh through
+    sigmoid and sigmoid through tanh would call each other), the helpers written in once."""
+    helpers = ast.parse(WRITTEN_FORMS).body
+    own = {ast.unparse(node) for node in helpers}
+    tree = ast.parse(code)
+    tree.body = [node for node in tree.body if ast.unparse(node) not in own]
+    rewrite = _Rewrite(functions, modules)
+    tree = rewrite.visit(tree)
+    if not rewrite.count:
+        raise NotApplicable("nothing to rewrite")
+    last_import = max(i for i, n in enumerate(tree.body) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    tree.body[last_import + 1:last_import + 1] = helpers
+    return ast.unparse(tree)
+
+
+def _form(kind: str):
+    functions, modules = FORMS[kind]
+
+    def rewrite(code: str) -> str:
+        return _with_forms(code, functions, modules)
+    rewrite.__name__ = rewrite.__qualname__ = kind
+    rewrite.__doc__ = f"The task's {', '.join(sorted({*functions, *modules}))} in another written form."
+    return rewrite
+
+
+def round_trip(code: str) -> str:
+    """forward's result scaled up and back down: `y * 4` then `* 0.25` (exact in floating point)."""
+    tree = ast.parse(code)
+    forward = _method(tree, "forward")
+    returns = [n for n in ast.walk(forward) if isinstance(n, ast.Return) and n.value is not None
+               and not isinstance(n.value, ast.Tuple)]
+    if not returns:
+        raise NotApplicable("no single value returned")
+    for node in returns:
+        node.value = ast.parse(f"(({ast.unparse(node.value)}) * 4.0) * 0.25", mode="eval").body
+    return ast.unparse(tree)
+
+
+def batch_twice(code: str) -> str:
+    """The batch duplicated, computed once at twice the size, and the two halves averaged."""
+    def doubled(names):
+        first, rest = names[0], "".join(f", {n}" for n in names[1:])
+        return (f"n = {first}.shape[0]\n"
+                f"both = self.compute(torch.cat([{first}, {first}], dim=0){rest})\n"
+                f"return (both[:n] + both[n:]) / 2")
+    return _delegated(code, doubled)
+
+
+def all_at_once(code: str) -> str:
+    """Every written form that applies, a round trip, the batch twice, renamed."""
+    rewritten = renamed(code)
+    for kind in ("relu_where", "leaky_relu", "hardtanh", "hardswish", "gelu_erfc", "tanh_sigmoid", "softmax_lse",
+                 "norms", "gemm_split_k", "conv_unfold"):
+        try:
+            rewritten = FORM_KINDS[kind](rewritten)
+        except NotApplicable:
+            continue
+    return batch_twice(round_trip(rewritten))
+
+
+FORM_KINDS = {kind: _form(kind) for kind in FORMS}
+EQUIVALENTS = {**FORM_KINDS, "round_trip": round_trip, "batch_twice": batch_twice, "all_at_once": all_at_once}

@@ -104,21 +104,54 @@ def use_compiler_caches(folder: str) -> None:
 
 def trace(code: str) -> str | None:
     """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
-    fresh load of its code; None when it cannot be traced. On the meta device first (nothing
-    allocated or computed); a task whose control flow asks its data for a value is traced
-    again with real tensors on the CPU, at a small batch size. It runs the task's code: the
-    worker calls it in a child of its own, under a hard time limit."""
-    for device in ("meta", "cpu"):
-        try:  # the small batch only when needed: rewriting the code costs three times a trace on meta
-            task = load_task(code if device == "meta" else _small_batch(code))
-            torch.manual_seed(0)
-            with torch.device(device):
-                model = task.Model(*task.get_init_inputs()).eval()
-                inputs = task.get_inputs()
-            return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
-        except Exception:  # data-dependent code on meta, an op without a meta kernel, ...
+    fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
+    calls it in a child of its own, under a hard time limit.
+
+    On real tensors on the CPU, at a small batch size: the values let op_graph see what a
+    run of ops computes, and a task cannot tell a trace from a run (a branch on `x.is_meta`
+    would show a meta trace decoy ops). Only where that fails (too large, an op without a CPU
+    kernel) is it traced on the meta device, and only a task that passes the static check,
+    whose grammar refuses a forward that asks its tensors' device (`impure_forward`)."""
+    try:
+        return _traced(_small_batch(code), "cpu")
+    except Exception:  # an op without a CPU kernel, a size the CPU cannot hold, ...
+        pass
+    from filters.sandbox.static_check import static_check
+    if static_check(code) is not None:
+        return None
+    try:
+        return _traced(code, "meta")
+    except Exception:  # data-dependent code has no value to decide by on meta
+        return None
+
+
+def _traced(code: str, device: str) -> str:
+    task = load_task(code)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = task.Model(*task.get_init_inputs()).eval()
+        inputs = task.get_inputs()
+    if device != "cpu":
+        return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
+    _generic_weights(model)
+    generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    return " ".join(op_graph(model, inputs, generic))[:MAX_OP_GRAPH]
+
+
+@torch.no_grad()
+def _generic_weights(model: torch.nn.Module) -> None:
+    """Weights and inputs a value comparison cannot be fooled by: a norm's weight of ones, a
+    bias of zeros, a batch norm's running statistics (0 and 1) make ops that are there look
+    like identities; inputs of torch.rand (all positive) make a relu look like one. Every
+    constant weight or buffer is given a spread (variances kept positive); op_graph compares
+    values on signed inputs wherever the task runs the same ops on them as on its own."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if not tensor.is_floating_point() or tensor.numel() < 2:
             continue
-    return None
+        if name.endswith("running_var"):
+            tensor.uniform_(0.5, 1.5)
+        elif name.endswith("running_mean") or float(tensor.std()) < 1e-6:
+            tensor.add_(torch.randn_like(tensor) * 0.2)
 
 
 def _small_batch(code: str) -> str:

@@ -30,7 +30,7 @@ Shapes and constant values are abstracted: the result is a sequence of op names.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -63,18 +63,35 @@ SUFFIXES = ("_legit_no_training", "_legit_functional", "_legit", "_functional", 
 MERGES = frozenset({"cat", "stack", "concat", "concatenate"})
 
 
-def op_graph(model: torch.nn.Module, inputs: list) -> list[str]:
-    """The canonical op sequence of `model(*inputs)`, on the meta device or real tensors."""
-    recorder = _Recorder()
+def op_graph(model: torch.nn.Module, inputs: list, generic: list | None = None) -> list[str]:
+    """The canonical op sequence of `model(*inputs)`. On real tensors, what each op computed
+    is compared with what came before it (`_Equivalences`); on the meta device there are no
+    values, and only the spelling rules and torch's decompositions apply. `generic`: other
+    inputs to compare values on (signed: a relu of all-positive inputs looks like nothing),
+    used when the task runs the same ops on them as on its own (its control flow does not
+    ask its data)."""
+    recorder, outputs = _recorded(model, inputs)
+    if generic is not None and outputs and all(t.device.type != "meta" for t in outputs):
+        other, other_outputs = _recorded(model, generic)
+        if [op.target for op in other.ops] == [op.target for op in recorder.ops]:
+            recorder, outputs = other, other_outputs
+    if outputs and all(t.device.type != "meta" for t in outputs):
+        return _Equivalences(recorder).sequence(outputs)
+    return named_composites(_primitives(recorder, outputs))
+
+
+def _recorded(model: torch.nn.Module, inputs: list) -> tuple["_Recorder", list]:
+    variables = [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    recorder = _Recorder(variables=variables)
     with torch.no_grad(), recorder:
         out = model(*inputs)
-    return named_composites(_primitives(recorder, out))
+    return recorder, [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def _primitives(recorder: "_Recorder", out) -> list[str]:
     nodes = recorder.reaching([t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)])
     merged = _merged_branches(nodes)
-    return [op for node in nodes if node not in merged for op in canonical(node)]
+    return [op for node in nodes if node not in merged for op in canonical(node, symbolic=True)]
 
 
 def named_composites(ops: list[str]) -> list[str]:
@@ -136,24 +153,30 @@ def _composite_runs() -> list[tuple[tuple[str, ...], str]]:
     return sorted(runs.items(), key=lambda item: -len(item[0]))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class _Op:
-    target: object  # the ATen op
-    args: tuple  # its positional arguments, each tensor replaced by the _Op that made it (None: an input or a weight)
+    target: object  # the ATen op; None for a tensor no op made (a model input, a weight, a buffer)
+    args: tuple  # its positional arguments, each tensor replaced by the _Op that made it
     inputs: list  # the _Ops whose tensors it reads
+    value: object = None  # the (first) tensor it made, or the tensor itself for a leaf
+    variable: bool = False  # depends on the model's inputs (else a constant: weights and what is made of them)
+    index: int = -1  # its place in the order ops ran (-1: a leaf)
+    leaves: list = field(default_factory=list)  # the leaves it reads
 
 
 class _Recorder(TorchDispatchMode):
-    """Every ATen op that runs, in order, with the op that made each tensor it reads. With
-    `decompose`, a composite op in DECOMPOSED runs (and is recorded) as the ops it is made
-    of: "all" the way down, or only the "outer" one (the composites it calls are recorded)."""
+    """Every ATen op that runs, in order, with the op that made each tensor it reads (a
+    tensor no op made is a leaf: `variables` are the model's inputs, the rest are weights,
+    buffers and constants). With `decompose`, a composite op in DECOMPOSED runs (and is
+    recorded) as the ops it is made of: "all" the way down, or only the "outer" one (the
+    composites it calls are recorded)."""
 
-    def __init__(self, decompose: str | None = None):
+    def __init__(self, decompose: str | None = None, variables: list = ()):
         super().__init__()
         self.decompose, self.decomposing = decompose, False
         self.ops: list[_Op] = []
-        self.made_by: dict[int, _Op] = {}
-        self.alive: list = []  # every tensor seen, so that no id is reused while recording
+        self.made_by: dict[int, _Op] = {id(t): _Op(None, (), [], t, True) for t in variables}
+        self.alive: list = list(variables)  # every tensor seen, so that no id is reused while recording
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -168,11 +191,18 @@ class _Recorder(TorchDispatchMode):
                 self.decomposing = was
             if result is not NotImplemented:
                 return result
-        out = func(*args, **kwargs)
-        made = self.made_by.get
         read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        op = _Op(func, torch.utils._pytree.tree_map(lambda a: made(id(a)) if isinstance(a, torch.Tensor) else a, args),
-                 [made(id(t)) for t in read if made(id(t)) is not None])
+        made = {id(t): self._maker(t) for t in read}
+        if func._schema.is_mutable:  # an in-place op: what the ops before it made must keep its value
+            for node in made.values():
+                if node.value is not None and node.value.device.type != "meta":
+                    node.value = node.value.clone()
+        out = func(*args, **kwargs)
+        inputs = [made[id(t)] for t in read]
+        first = next((t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        op = _Op(func, torch.utils._pytree.tree_map(lambda a: made[id(a)] if isinstance(a, torch.Tensor) else a, args),
+                 [node for node in inputs if node.target is not None], first,
+                 any(node.variable for node in inputs), len(self.ops), [node for node in inputs if node.target is None])
         self.ops.append(op)
         for tensor in torch.utils._pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
@@ -180,6 +210,13 @@ class _Recorder(TorchDispatchMode):
                 self.alive.append(tensor)
         self.alive.extend(read)
         return out
+
+    def _maker(self, tensor) -> _Op:
+        """The op that made `tensor`, or the leaf it is (made a leaf the first time it is read)."""
+        if id(tensor) not in self.made_by:
+            self.made_by[id(tensor)] = _Op(None, (), [], tensor, False)
+            self.alive.append(tensor)
+        return self.made_by[id(tensor)]
 
     def reaching(self, outputs: list) -> list[_Op]:
         """The recorded ops the outputs depend on, in the order they ran: the rest (a
@@ -200,9 +237,10 @@ def _decompositions() -> dict:
     return get_decompositions([getattr(aten, name) for name in DECOMPOSED if hasattr(aten, name)])
 
 
-def _merged_branches(nodes: list) -> set:
+def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=None) -> set:
     """The nodes to leave out: a cat or stack itself and every input branch but the first,
     where each branch is the same op sequence on its own part of the same tensors."""
+    names_of = names_of or functools.partial(canonical, symbolic=True)
     merges = [node for node in nodes if _name(node) in MERGES and node.args
               and isinstance(node.args[0], (list, tuple)) and len(node.args[0]) >= 2]
     if not merges:  # most tasks: no ancestry to work out
@@ -210,14 +248,14 @@ def _merged_branches(nodes: list) -> set:
     order = {node: index for index, node in enumerate(nodes)}
     ancestors: dict = {}
     for node in nodes:
-        ancestors[node] = {node}.union(*(ancestors.get(arg, set()) for arg in node.inputs))
+        ancestors[node] = {node}.union(*(ancestors.get(arg, set()) for arg in inputs_of(node)))
     merged: set = set()
     for node in merges:
         parts = node.args[0]
         branches = [ancestors.get(part, set()) for part in parts]
         own = [branch - set().union(*(other for j, other in enumerate(branches) if j != i))
                for i, branch in enumerate(branches)]
-        sequences = {tuple(op for n in sorted(part, key=order.get) for op in canonical(n)) for part in own}
+        sequences = {tuple(op for n in sorted(part, key=order.get) for op in names_of(n)) for part in own}
         if len(sequences) == 1 and next(iter(sequences)):
             merged |= {node, *set().union(*own[1:])}
     return merged
@@ -233,15 +271,20 @@ def _name(node) -> str:
     return name.rstrip("_")
 
 
-def canonical(node) -> list[str]:
-    """The op names one traced node stands for (none for layout, selection and identity)."""
+def canonical(node, symbolic: bool = False) -> list[str]:
+    """The op names one traced node stands for (none for layout and identity). `symbolic`
+    (a trace without values): selection ops are dropped too, since torch's decompositions
+    add them for edge cases a hand-written form leaves out; with values, a selection that
+    computes a composite is named as it (`_Equivalences`) and the rest is computation."""
     name = _name(node)
-    if name in LAYOUT_ONLY or name in SELECTION or _is_identity(name, node.args):
+    if node.target is None or name in LAYOUT_ONLY or (symbolic and name in SELECTION) or _is_identity(name, node.args):
         return []
     if name in ("clamp", "clamp_min") and _scalar(node.args, 1) == 0 and _scalar(node.args, 2) is None:
         return ["relu"]
     if name == "pow" and _scalar(node.args, 1) == 2:
         return ["mul"]
+    if not symbolic and name in NORMS:
+        return NORMS[name](node.args)
     return [SAME_AS.get(op, op) for op in SPLIT.get(name, (name,))]
 
 
@@ -255,3 +298,534 @@ def _is_identity(name: str, args) -> bool:
         return False
     scalar = _scalar(args, 1)
     return scalar is not None and scalar == IDENTITY[name]
+
+
+# -- normalisations: one name for each set of dimensions normalised over, whatever computes it ----
+
+def norm_name(ndim: int, dims: tuple[int, ...], groups: int = 0) -> str:
+    """`batch_norm` (every dimension but the channels'), `group_norm` (channels in `groups`),
+    `instance_norm` (the spatial dimensions of one channel), else `layer_norm` (trailing
+    dimensions: nn.LayerNorm, InstanceNorm1d, a norm over one row)."""
+    dims = tuple(sorted(d % ndim for d in dims))
+    if groups > 1:
+        return "group_norm"
+    if ndim >= 3 and dims == (0, *range(2, ndim)):
+        return "batch_norm"
+    if ndim >= 4 and dims == tuple(range(2, ndim)):
+        return "instance_norm"
+    return "layer_norm"
+
+
+def _affine(weight, bias) -> list[str]:
+    """A norm's own scale and shift, as the multiplication and addition a hand-written norm has."""
+    return (["mul"] if weight is not None else []) + (["add"] if bias is not None else [])
+
+
+def _ndim(node) -> int:
+    return node.value.dim() if node is not None and node.value is not None else 0
+
+
+def _layer_norm(args) -> list[str]:
+    ndim = _ndim(args[0])
+    return [norm_name(ndim, tuple(range(ndim - len(args[1]), ndim)))] + _affine(*(list(args[2:4]) + [None, None])[:2])
+
+
+def _group_norm(args) -> list[str]:
+    ndim, channels, groups = _ndim(args[0]), args[4], args[6]
+    name = norm_name(ndim, tuple(range(1 if groups == 1 else 2, ndim)) if groups in (1, channels) else (), groups
+                     if 1 < groups < channels else 0)
+    return [name] + _affine(args[1], args[2])
+
+
+def _batch_norm(args) -> list[str]:
+    """In eval mode a batch norm is a scale and a shift per channel (from its running
+    statistics): that is what it computes, and what a hand-written one reads as."""
+    training = args[5] if len(args) > 5 and isinstance(args[5], bool) else False
+    if not training:
+        return ["mul", "add"]
+    return [norm_name(_ndim(args[0]), (0, *range(2, _ndim(args[0]))))] + _affine(args[1], args[2])
+
+
+NORMS = {"layer_norm": _layer_norm, "group_norm": _group_norm, "batch_norm": _batch_norm}
+
+
+# -- with values: what each op computed, compared with what came before it -----------------------
+
+WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
+SAMPLE = 512  # elements compared first, before a whole tensor is
+ELEMENTWISE = (
+    ("relu", torch.relu), ("sigmoid", torch.sigmoid), ("tanh", torch.tanh), ("gelu", F.gelu),
+    ("gelu", lambda t: F.gelu(t, approximate="tanh")), ("silu", F.silu), ("mish", F.mish),
+    ("softplus", F.softplus), ("elu", F.elu), ("selu", F.selu), ("hardswish", F.hardswish),
+    ("hardsigmoid", F.hardsigmoid), ("log_sigmoid", F.logsigmoid), ("softsign", F.softsign),
+)
+CONTRACTION_ENDS = frozenset({"add", "sum", "mul", "cat"})  # what a GEMM written out ends in
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tolerance: float = 2e-4) -> bool:
+    """Equal up to float32 rounding of a differently ordered computation (NaN where the other
+    has NaN). A strided sample is compared first: most candidates differ everywhere."""
+    if a.shape != b.shape:
+        return False
+    if not a.numel():
+        return True
+    a, b = a.float(), b.float()
+    if a.numel() > SAMPLE * 8:
+        step = a.numel() // SAMPLE
+        if not _close(a.reshape(-1)[::step], b.reshape(-1)[::step], tolerance):
+            return False
+    return _close(a, b, tolerance)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
+    difference = (a - b).abs().max()
+    if torch.isnan(difference):
+        return bool(torch.equal(a.isnan(), b.isnan())) and _close(a.nan_to_num(), b.nan_to_num(), tolerance)
+    return bool(difference <= tolerance * (1.0 + b.abs().max()))
+
+
+class _Equivalences:
+    """The recorded ops with every run that computes a known function of an earlier value
+    named as that function, found by comparing values (the trace ran on real tensors):
+    - a value equal to an earlier one (`x * 4 * 0.25`, the batch duplicated and averaged, a
+      layout round trip) is that value: the ops between are gone;
+    - a value that is a composite of an earlier one (`where(x > 0, x, 0)` is relu,
+      `exp(x - logsumexp(x))` softmax, `2 sigmoid(2x) - 1` tanh, a norm in any of its
+      written forms) is named as the composite, read from that value;
+    - a value that is an affine function of an earlier one, per element or per channel, is
+      one multiplication and one addition (eval batch norm as scale and shift, a chain of
+      scalar arithmetic);
+    - a value that is a matrix product or convolution of an earlier value and a weight
+      (`(x[:, None] * w).sum(-1)`, split-K halves added, unfold and a matrix product) is `mm`
+      or `convolution`.
+    Ops that read no model input (weights and what is made of them) are constants: folded."""
+
+    def __init__(self, recorder: _Recorder):
+        self.ops = recorder.ops
+        self.alias: dict = {}  # op -> the earlier node whose value it is
+        self.named: dict = {}  # op -> the names it stands for
+        self.inputs: dict = {op: list(op.inputs) + [leaf for leaf in op.leaves if leaf.variable] for op in self.ops}
+        self.reads: dict = dict(self.inputs)  # what each op reads once named: the value it is a function of
+        self.users: dict = {}
+        for op in self.ops:
+            for node in self.inputs[op]:
+                self.users.setdefault(node, set()).add(op)
+        self.absorbed: set = set()  # the inside of a recognised composite: no later value is read from there
+        self.samples: dict = {}
+        self.images: dict = {}
+        for op in self.ops:
+            if op.variable and _is_float(op.value) and op.value.numel() > 1 and _uniform(op.value):
+                op.variable = False  # `zeros_like(x)`, `x * 0`: the same value whatever x is, a constant
+            if op.variable and _is_float(op.value):
+                self._recognise(op)
+
+    def sequence(self, outputs: list) -> list[str]:
+        live, frontier = set(), [self._resolve(node) for node in self._makers(outputs)]
+        while frontier:
+            node = frontier.pop()
+            if node not in live and node.target is not None:
+                live.add(node)
+                frontier.extend(self._resolve(n) for n in self.reads[node])
+        nodes = [op for op in self.ops if op in live and op.variable]
+        reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
+        merged = _merged_branches(nodes, lambda n: reads[n], self.names)
+        names = {node: self.names(node) for node in nodes if node not in merged}
+        _chain_affine_maps([node for node in nodes if node in names], reads, names)
+        return [name for node in nodes if node in names for name in names[node]]
+
+    def names(self, node) -> list[str]:
+        return list(self.named[node]) if node in self.named else canonical(node)
+
+    def _makers(self, outputs):
+        by_value = {id(op.value): op for op in self.ops}
+        return [by_value[id(t)] for t in outputs if id(t) in by_value]
+
+    def _resolve(self, node):
+        while node in self.alias:
+            node = self.alias[node]
+        return node
+
+    def _recognise(self, op) -> None:
+        """An op equal to an earlier value is that value; else one that computes a known
+        function of an earlier value is named as it. A layout op is asked the second first:
+        F.instance_norm is a batch norm of a reshaped view, reshaped back (equal to the batch
+        norm's value, and an instance norm of the input)."""
+        window = self._window(op)
+        layout = not canonical(op)
+        found = self._composite(op, window) if layout else None
+        if found and self._same(op, found[1][0]):  # a relu of what is all positive: nothing at all
+            found = None
+        same = None if found else next((node for node in window if self._same(op, node)), None)
+        if same is not None:
+            self.alias[op] = same
+            return
+        found = found or self._composite(op, window) or self._affine(op, window) or self._contraction(op, window)
+        if found:
+            self.named[op], self.reads[op] = found
+            self.absorbed |= self._between(op, min(found[1], key=lambda n: n.index))
+
+    def _window(self, op) -> list:
+        """The variable nodes `op` depends on, no more than WINDOW ops back, earliest first;
+        a node that is an earlier value's is a candidate too (the batch twice is still twice
+        the batch: a matrix product of it has twice the rows)."""
+        seen, frontier = set(), list(self.inputs[op])
+        while frontier:
+            node = frontier.pop()
+            if node in seen or (node.target is not None and node.index < op.index - WINDOW):
+                continue
+            seen.add(node)
+            if node.target is not None:
+                frontier.extend(self.inputs[node])
+        return sorted((n for n in seen if n.variable and _is_float(n.value) and n not in self.absorbed),
+                      key=lambda n: n.index)
+
+    def _sample(self, node) -> torch.Tensor:
+        if node not in self.samples:
+            flat = node.value.detach().reshape(-1).float()
+            count = min(flat.numel(), SAMPLE)
+            index = torch.arange(count) * (flat.numel() - 1) // max(count - 1, 1)  # exact: no float rounding
+            self.samples[node] = flat[index]
+        return self.samples[node]
+
+    def _same(self, op, node) -> bool:
+        """`op`'s value is `node`'s: reshaped, or repeated along the batch, or its first block."""
+        a, b = op.value, node.value
+        if a.numel() == b.numel():
+            return close(self._sample(op), self._sample(node)) and close(a.reshape(-1), b.reshape(-1))
+        if a.dim() == b.dim() and a.dim() > 0 and a.shape[1:] == b.shape[1:] and a.numel() and b.numel():
+            big, small = (a, b) if a.shape[0] > b.shape[0] else (b, a)
+            return big.shape[0] % small.shape[0] == 0 and all(close(part, small)
+                                                              for part in big.split(small.shape[0]))
+        return False
+
+    # -- composites of one earlier value ------------------------------------------------------
+
+    def _composite(self, op, window):
+        along = None
+        for node in (n for n in window if n.value.shape == op.value.shape):
+            name = self._elementwise(op, node)
+            if name is None:
+                along = _dim_tests(op.value.float()) if along is None else along
+                name = next((name for name, test in along if test(node.value.float())), None)
+            if name:
+                return (name,), [node]
+        return self._reduction(op, window)
+
+    def _elementwise(self, op, node) -> str | None:
+        target, source = self._sample(op), self._sample(node)
+        if node not in self.images:
+            self.images[node] = torch.stack([f(source) for _, f in ELEMENTWISE])
+        images = self.images[node]
+        hits = ((images - target).abs().amax(dim=1) <= 2e-4 * (1.0 + target.abs().max())).nonzero().flatten()
+        for hit in hits.tolist():
+            name, f = ELEMENTWISE[hit]
+            if close(f(node.value.float()), op.value):
+                return name
+        return self._piecewise_linear(op, node)
+
+    def _piecewise_linear(self, op, node) -> str | None:
+        """relu, leaky relu and the clamps (hardtanh, relu6), however they are written."""
+        target, source = self._sample(op), self._sample(node)
+        if not (close(source.clamp(target.min(), target.max()), target) or _leaky(source, target)):
+            return None
+        target, source = op.value.float(), node.value.float()
+        low, high = target.min(), target.max()
+        if low < high and close(source.clamp(low, high), target):
+            return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
+        return "leaky_relu" if _leaky(source, target) else None
+
+    def _reduction(self, op, window):
+        target = op.value.float()
+        for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1)):
+            source = node.value.float()
+            for dim in range(source.dim()):
+                keep = source.dim() == target.dim()
+                reduced = list(source.shape)
+                reduced[dim:dim + 1] = [1] if keep else []
+                if (tuple(reduced) == tuple(target.shape) and source.shape[dim] > 1
+                        and close(torch.logsumexp(source, dim, keepdim=keep), target)):
+                    return ("logsumexp",), [node]
+        return None
+
+    # -- affine maps of one earlier value ----------------------------------------------------
+
+    def _affine(self, op, window):
+        """`op` is a * x + b of an earlier x, with a and b scalars or one per index of one
+        dimension, and at least two ops between: eval batch norm as scale and shift, scalar
+        arithmetic in several steps."""
+        if canonical(op) not in (["add"], ["mul"]):
+            return None
+        target = op.value.float()
+        for node in (n for n in window if n.value.shape == target.shape and n.index < op.index - 1):
+            between = self._private_between(op, node)
+            if between is None or len(between) < 1:
+                continue
+            source = node.value.float()
+            for dim in (None, *range(target.dim())):
+                fit = _fit_affine(source, target, dim)
+                if fit is not None:
+                    return fit, [node]
+        return None
+
+    def _between(self, op, source) -> set:
+        """The variable ops `op` reached `source` through."""
+        between, frontier = set(), list(self.inputs[op])
+        while frontier:
+            node = frontier.pop()
+            if node is source or node in between or not node.variable or node.target is None \
+                    or node.index < source.index:
+                continue
+            between.add(node)
+            frontier.extend(self.inputs[node])
+        return between
+
+    def _private_between(self, op, source) -> set | None:
+        """The variable ops between `source` and `op`, if nothing else reads them (folding
+        them into one affine map must not swallow a value something else also uses)."""
+        between, frontier = set(), list(self.inputs[op])
+        while frontier:
+            node = frontier.pop()
+            if node is source or node in between or not node.variable or node.target is None:
+                continue
+            if node.index < source.index or node in self.named:
+                return None  # `op` reads a variable value from before `source`, or one already named
+                # (affine maps of affine maps are chained in the sequence: `_chain_affine_maps`)
+            between.add(node)
+            frontier.extend(self.inputs[node])
+        inside = between | {op}
+        return between if all(self.users.get(node, set()) <= inside for node in between) else None
+
+    # -- contractions with a weight -------------------------------------------------------------
+
+    def _contraction(self, op, window):
+        name = canonical(op)
+        if op.value.dim() < 2 or (name and name[-1] in ("mm", "convolution")):
+            return None
+        weights = self._depends_on(op, 2)
+        if name and name[-1] in CONTRACTION_ENDS or not name:
+            found = self._matmul(op, window, weights)
+            if found:
+                return found
+        return self._convolution(op, window, weights) if op.value.dim() == 4 else None
+
+    def _depends_on(self, op, ndim: int) -> list:
+        """The constants (weights, and what is made of them) and model inputs `op` depends on
+        with at least `ndim` dimensions (exactly 1 for `ndim` 1: a bias): a product of two
+        inputs is a GEMM too."""
+        seen, frontier, found = set(), list(op.inputs) + list(op.leaves), []
+        while frontier:
+            node = frontier.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if (node.target is None or not node.variable) and isinstance(node.value, torch.Tensor) \
+                    and (node.value.dim() == 1 if ndim == 1 else node.value.dim() >= ndim):
+                found.append(node)
+            if node.target is not None and node.index >= op.index - WINDOW:
+                frontier.extend(node.inputs + node.leaves)
+        return found
+
+    def _matmul(self, op, window, weights):
+        target = op.value.float()
+        for node in (n for n in window if n.value.dim() >= 2):
+            a = node.value.float()
+            for weight in weights:
+                if weight is node:
+                    continue
+                w = weight.value.float()
+                for b in (w, w.mT):
+                    if a.shape[-1] != b.shape[-2] or _matmul_shape(a, b) != tuple(target.shape):
+                        continue
+                    rows = slice(0, 3)
+                    if close(a[..., rows, :] @ b, target[..., rows, :], 1e-3):
+                        return ("mm",), [node] + ([weight] if weight.variable else [])
+        return None
+
+    def _convolution(self, op, window, weights):
+        target = op.value.float()
+        for weight in (w for w in weights if w.value.dim() == 4 and w.value.shape[0] == target.shape[1]):
+            w = weight.value.float()
+            biases = [None] + [n.value.float() for n in self._depends_on(op, 1) if n.value.shape == (target.shape[1],)]
+            for node in (n for n in window if n.value.dim() == 4 and n.value.shape[0] == target.shape[0]):
+                x = node.value.float()
+                if x.shape[1] % w.shape[1]:
+                    continue
+                for stride, padding, dilation in _conv_settings(x, w, target):
+                    groups = x.shape[1] // w.shape[1]
+                    if groups == 1 and not close(F.conv2d(x[:1], w[:1], None, stride, padding, dilation),
+                                                 target[:1, :1] - (target[:1, :1] - F.conv2d(
+                                                     x[:1], w[:1], None, stride, padding, dilation)).mean(), 1e-3):
+                        continue  # one output channel, up to its bias, rules most settings out
+                    for bias in biases:
+                        got = F.conv2d(x[:1], w, bias, stride, padding, dilation, groups)
+                        if close(got, target[:1], 1e-3):
+                            return ("convolution",), [node]
+        return None
+
+
+AFFINE = ("mul", "add")
+
+
+def _chain_affine_maps(nodes: list, reads: dict, names: dict) -> None:
+    """An affine map of an affine map is one (`names` edited in place): a norm's own scale
+    and shift followed by an eval batch norm's reads `mul add` once, as the same arithmetic
+    folded by hand does. A map is a node of multiplications and additions that reads one
+    variable value; it joins the map that made that value when nothing else reads it."""
+    users: dict = {}
+    for node in nodes:
+        for read in reads[node]:
+            users.setdefault(read, []).append(node)
+    owner: dict = {}  # a node folded into an earlier map -> that map's node
+    for node in nodes:
+        mine = names[node]
+        if not mine or not set(mine) <= set(AFFINE) or len(reads[node]) != 1:
+            continue
+        previous = reads[node][0]
+        previous = owner.get(previous, previous)
+        tail = _affine_tail(names.get(previous, []))
+        if not tail or len(users.get(reads[node][0], [])) != 1:
+            continue
+        names[previous] = names[previous][:len(names[previous]) - len(tail)] + \
+            [op for op in AFFINE if op in tail or op in mine]
+        names[node] = []
+        owner[node] = previous
+
+
+def _affine_tail(names: list) -> list:
+    tail = []
+    for name in reversed(names):
+        if name not in AFFINE or name in tail:
+            break
+        tail.insert(0, name)
+    return tail
+
+
+def _uniform(value: torch.Tensor) -> bool:
+    flat = value.reshape(-1)
+    return bool(torch.equal(flat[:1].expand_as(flat), flat))
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 0 \
+        and value.device.type != "meta"
+
+
+def _dim_tests(target: torch.Tensor) -> list:
+    """(name, test of a source) for what `target` could be along its dimensions: softmax,
+    log-softmax, the normalisations. Asked of one fibre of the target first (sums to one,
+    mean 0 and variance 1), so that most ops have no test to run on their sources."""
+    tests = []
+    for dim in range(target.dim()):
+        if target.shape[dim] < 2:
+            continue
+        fibre = _fibre(target, (dim,))
+        if fibre.min() >= 0 and abs(float(fibre.sum()) - 1) < 1e-4 and _normalised(target, (dim,), 0, "softmax"):
+            tests.append(("softmax", lambda source, dim=dim: close(torch.softmax(source, dim), target)))
+        if abs(float(torch.logsumexp(fibre, 0))) < 1e-4 and _normalised(target, (dim,), 0, "log_softmax"):
+            tests.append(("log_softmax", lambda source, dim=dim: close(torch.log_softmax(source, dim), target)))
+    for dims, groups in _norm_dims(target):
+        if _normalised(_group_view(target, groups) if groups else target, (2,) if groups else dims, 0, "norm"):
+            tests.append((norm_name(target.dim(), dims, groups),
+                          lambda source, dims=dims, groups=groups: close(_normalise(source, dims, groups), target, 2e-3)))
+    return tests
+
+
+def _leaky(source: torch.Tensor, target: torch.Tensor) -> bool:
+    negative = source < -1e-3
+    if not negative.any() or negative.all():
+        return False
+    slope = (target[negative] / source[negative]).median()
+    return bool(0 < slope < 1) and close(torch.where(source > 0, source, slope * source), target)
+
+
+def _fibre(target: torch.Tensor, dims) -> torch.Tensor:
+    """The values along `dims` at index 0 of every other dimension (a view: no copy)."""
+    return target[tuple(slice(None) if d in dims else 0 for d in range(target.dim()))]
+
+
+def _normalised(view: torch.Tensor, dims, _groups, kind: str) -> bool:
+    """What `kind` makes along `dims` holds of the first fibre, then of the whole: sums to
+    one (softmax), log-sum-exp zero (log-softmax), mean 0 and variance 1 (a norm)."""
+    if all(view.shape[d] == 1 for d in dims):
+        return False
+    for part in (_fibre(view, dims).unsqueeze(0), view):
+        along = tuple(range(1, part.dim())) if part is not view else dims
+        if kind == "softmax":
+            ok = part.min() >= 0 and (part.sum(along) - 1).abs().max() < 1e-4
+        elif kind == "log_softmax":
+            ok = torch.logsumexp(part, along).abs().max() < 1e-4 if len(along) == 1 else \
+                torch.logsumexp(part.flatten(1), 1).abs().max() < 1e-4
+        else:
+            mean, var = part.mean(along), part.var(along, unbiased=False)
+            ok = mean.abs().max() < 1e-3 and (var - 1).abs().max() < 1e-2
+        if not ok:
+            return False
+    return True
+
+
+def _norm_dims(target: torch.Tensor):
+    """(dimensions, groups) a normalisation of a tensor of this shape could work along."""
+    ndim = target.dim()
+    for first in range(1, ndim):
+        yield tuple(range(first, ndim)), 0
+    if ndim >= 3:
+        yield (0, *range(2, ndim)), 0
+        channels = target.shape[1]
+        for groups in range(2, channels):
+            if channels % groups == 0:
+                yield tuple(range(1, ndim)), groups
+
+
+def _group_view(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x.reshape(x.shape[0], groups, -1)
+
+
+def _normalise(x: torch.Tensor, dims, groups) -> torch.Tensor:
+    view, along = (_group_view(x, groups), (2,)) if groups else (x, dims)
+    mean, var = view.mean(along, keepdim=True), view.var(along, unbiased=False, keepdim=True)
+    return ((view - mean) / torch.sqrt(var + 1e-5)).reshape(x.shape)
+
+
+def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
+    """("mul", "add") when target = a * source + b, with a and b scalars (dim None) or one
+    per index along `dim`; the fitted a and b decide which of the two it needs. Fitted on a
+    corner of the tensors first (every index of `dim`, a few of each other dimension)."""
+    corner = tuple(slice(None) if d == dim else slice(0, 4) for d in range(source.dim()))
+    if _affine_fit(source[corner], target[corner], dim) is None:
+        return None
+    return _affine_fit(source, target, dim)
+
+
+def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
+    x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
+        (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
+    if x.shape[1] < 4:
+        return None
+    xm, ym = x.mean(1, keepdim=True), y.mean(1, keepdim=True)
+    var = ((x - xm) ** 2).mean(1, keepdim=True)
+    if (var < 1e-8).any():
+        return None
+    a = ((x - xm) * (y - ym)).mean(1, keepdim=True) / var
+    b = ym - a * xm
+    if not close(a * x + b, y):
+        return None
+    scaled, shifted = not close(a, torch.ones_like(a)), not close(b, torch.zeros_like(b), 1e-4)
+    return ("mul",) * scaled + ("add",) * shifted or None
+
+
+def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    try:
+        return (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    except RuntimeError:
+        return ()
+
+
+def _conv_settings(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor):
+    """(stride, padding, dilation) that give a convolution of x by w the target's size."""
+    for stride in (1, 2, 3, 4):
+        for padding in (0, 1, 2, 3):
+            for dilation in (1, 2, 3):
+                size = [(n + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+                        for n, k in zip(x.shape[2:], w.shape[2:])]
+                if tuple(size) == tuple(target.shape[2:]):
+                    yield stride, padding, dilation

@@ -90,15 +90,48 @@ def textual_similarity(a: Fingerprint, b: Fingerprint) -> float:
 
 
 def computed_similarity(a: Fingerprint, b: Fingerprint) -> float:
-    return Indel.normalized_similarity(a.graph, b.graph) if a.graph and b.graph else 0.0
+    return sequence_similarity(a.graph, b.graph) if a.graph and b.graph else 0.0
+
+
+# Generic arithmetic, what a rewrite leaves behind when it adds anything (a scale, a shift):
+# an op one sequence has and the other lacks costs EXTRA of an op when it is one of these.
+GENERIC = frozenset(encode(["add", "mul"]))
+EXTRA = 1 / 3
+# Plain Indel similarity is at most this far under the fair score (every unmatched op costs
+# at least EXTRA): below it, no pair can score above a threshold of 0.9.
+PLAIN_FLOOR = 1 - (1 - 0.9) / EXTRA
+
+
+def sequence_similarity(a: str, b: str) -> float:
+    """1 - cost / (len a + len b), over the ops the longest common subsequence leaves
+    unmatched: an op on one side that the other side has no counterpart of costs 1, or EXTRA
+    when it is generic arithmetic (add, mul) and the other side has no generic op left over
+    to pair with it (then the two are a substitution: 1 each). A disguise's leftover scale
+    and shift cost a third of an op; a different activation, norm or contraction costs 2,
+    as does `add` where the other has `mul`. Plain Indel (every unmatched op costs 1) is
+    unfair to short sequences: two leftover ops in a 3-op task score 0.75."""
+    if not a or not b:
+        return 0.0
+    deleted = [a[op.src_pos] for op in Indel.editops(a, b) if op.tag == "delete"]
+    inserted = [b[op.dest_pos] for op in Indel.editops(a, b) if op.tag == "insert"]
+    generic_a, generic_b = sum(c in GENERIC for c in deleted), sum(c in GENERIC for c in inserted)
+    named = len(deleted) - generic_a + len(inserted) - generic_b
+    cost = named + 2 * min(generic_a, generic_b) + EXTRA * abs(generic_a - generic_b)
+    return 1.0 - cost / (len(a) + len(b))
 
 
 def nearest_computation(fp: Fingerprint, graphs: list[str], names: list[str]) -> tuple[float, str | None]:
-    """(computed similarity, name) of the closest of `graphs` to `fp`'s: exact, in C++."""
+    """(computed similarity, name) of the closest of `graphs` to `fp`'s. Plain Indel in C++
+    picks the candidates (the fair score is never under it, and never over it by more than
+    the gap to PLAIN_FLOOR); the fair score decides among them. Exact above 0.9."""
     if not fp.graph or not graphs:
         return 0.0, None
-    _, similarity, index = process.extractOne(fp.graph, graphs, scorer=Indel.normalized_similarity)
-    return similarity, names[index]
+    _, plain, index = process.extractOne(fp.graph, graphs, scorer=Indel.normalized_similarity)
+    best = (sequence_similarity(fp.graph, graphs[index]), names[index])
+    for _, _, other in process.extract(fp.graph, graphs, scorer=Indel.normalized_similarity, limit=None,
+                                       score_cutoff=min(PLAIN_FLOOR, plain)):
+        best = max(best, (sequence_similarity(fp.graph, graphs[other]), names[other]), key=lambda pair: pair[0])
+    return best
 
 
 def structure_similarity(a: Fingerprint, b: Fingerprint) -> float:

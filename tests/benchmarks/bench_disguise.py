@@ -29,7 +29,7 @@ from filters.sandbox.pool import SandboxOptions, WorkerPool
 from filters.similarity.score import fingerprint, score, textual_similarity
 from operators.catalog import crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
-from tests.disguise import KINDS, REWRITES
+from tests.disguise import EQUIVALENTS, KINDS, REWRITES, NotApplicable
 
 
 def main() -> None:
@@ -41,18 +41,22 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=None, help="traced op sequences (default: a temporary folder)")
     parser.add_argument("--kinds", nargs="*", default=None, help="disguises and rewrites to run (default: all)")
     parser.add_argument("--tasks", default=None, help="a folder of .py candidates (default: compose template ones)")
+    parser.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3], help="KernelBench levels to disguise")
+    parser.add_argument("--no-templates", action="store_true", help="skip the template candidates and the speed run")
     args = parser.parse_args()
     cache = args.cache_dir or tempfile.mkdtemp(prefix="opsynth-bench-disguise-")
 
     with WorkerPool(args.workers, SandboxOptions(timeout_s=120, threads=1, warm_up=False)) as pool:
         began = time.perf_counter()
-        reference = traced(load_reference(args.kernelbench, (1, 2, 3)), pool, cache)
+        reference = traced(load_reference(args.kernelbench, tuple(args.levels)), pool, cache)
         print(f"reference: {len(reference.fingerprints)} tasks, {reference.traced} traced "
               f"in {time.perf_counter() - began:.0f} s")
         index = SimilarityIndex(reference.fingerprints)
         textual_index = SimilarityIndex([replace(fp, graph="") for fp in reference.fingerprints])
-        disguises(reference, index, textual_index, pool, cache, args.threshold, args.kinds)
+        disguises(reference, index, textual_index, pool, cache, args.threshold, args.kinds, args.levels)
         false_positives(reference, args.threshold)
+        if args.no_templates:
+            return
         codes = ([path.read_text() for path in sorted(Path(args.tasks).glob("*.py"))][:args.candidates] if args.tasks
                  else template_codes(args.candidates, 0))
         fingerprints = candidates(codes, pool, cache)
@@ -60,23 +64,29 @@ def main() -> None:
     speed(fingerprints, codes, index, args.threshold)
 
 
-def disguises(reference, index, textual_index, pool, cache, threshold, kinds=None) -> None:
+def disguises(reference, index, textual_index, pool, cache, threshold, kinds=None, levels=(1, 2, 3)) -> None:
+    """Each kind of disguise of every task it applies to (a written form needs the op it
+    rewrites), traced and matched against the whole reference."""
     print(f"\ndisguised copies of every task caught above {threshold} (textual alone -> combined):")
-    for kind, disguise in {**KINDS, **REWRITES}.items():
+    for kind, disguise in {**KINDS, **REWRITES, **EQUIVALENTS}.items():
         if kinds and kind not in kinds:
             continue
         copies = []
         for fp, code in zip(reference.fingerprints, reference.codes):
+            if int(fp.name.split("/")[0].removeprefix("level") or 0) not in levels:
+                continue
             try:
                 copies.append((fp.name, disguise(code)))
-            except (StopIteration, SyntaxError, ValueError, IndexError):  # no Model.forward (with an input) to rewrite
+            except (StopIteration, SyntaxError, ValueError, IndexError, NotApplicable):  # nothing to rewrite
                 continue
         graphs = trace_all([code for _, code in copies], pool, cache)
         prints = [fingerprint(code, name, graph) for (name, code), graph in zip(copies, graphs)]
         textual = sum(textual_index.match(fp, threshold).similarity > threshold for fp in prints)
         combined = sum(index.match(fp, threshold).similarity > threshold for fp in prints)
         untraced = sum(not fp.graph for fp in prints)
-        print(f"  {kind:11s} {textual:3d} -> {combined:3d} of {len(prints)} ({untraced} copies not traceable)")
+        missed = [fp.name for fp in prints if fp.graph and index.match(fp, threshold).similarity <= threshold]
+        print(f"  {kind:14s} {textual:3d} -> {combined:3d} of {len(prints)} ({untraced} copies not traceable)"
+              + (f"; missed: {', '.join(n.split(' ')[0] for n in missed[:6])}" if missed else ""), flush=True)
 
 
 def false_positives(reference, threshold) -> None:

@@ -1,40 +1,109 @@
 """What a task computes, read the same however it is written (filters/sandbox/op_graph.py).
-Our own small modules, recorded in this process on the meta device."""
+Our own small modules, recorded in this process: on real CPU tensors (values: what a run of
+ops computes is compared with what came before it) and on the meta device (spelling only)."""
+import math
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from filters.sandbox.harness import trace
 from filters.sandbox.op_graph import op_graph
+from filters.sandbox.static_check import static_check
+from tests.disguise import EQUIVALENTS, NotApplicable
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "level2"
 
 
 class Call(nn.Module):
-    def __init__(self, body):
+    def __init__(self, body, *modules):
         super().__init__()
-        self.body = body
+        self.body, self.modules_ = body, nn.ModuleList(modules)
 
     def forward(self, x):
         return self.body(x)
 
 
-def ops(body, shape=(4, 8)) -> list[str]:
-    with torch.device("meta"):
-        return op_graph(Call(body).eval(), [torch.empty(*shape)])
+def ops(body, *modules, shape=(4, 8, 6, 5), device="cpu") -> list[str]:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return op_graph(Call(body, *modules).eval(), [torch.randn(*shape)])
 
 
-@pytest.mark.parametrize("name, library, by_hand", [
+torch.manual_seed(0)
+LINEAR, CONV = nn.Linear(5, 7), nn.Conv2d(8, 4, 3, padding=1)
+BN = nn.BatchNorm2d(8).eval()
+with torch.no_grad():
+    BN.running_mean.normal_(), BN.running_var.uniform_(0.5, 1.5), BN.weight.normal_(), BN.bias.normal_()
+SCALE = BN.weight / torch.sqrt(BN.running_var + BN.eps)
+SHIFT = BN.bias - BN.running_mean * SCALE
+
+
+@pytest.mark.parametrize("name, library, written", [
+    ("relu", torch.relu, lambda x: torch.where(x > 0, x, torch.zeros_like(x))),
+    ("relu", torch.relu, lambda x: torch.maximum(x, torch.tensor(0.0))),
+    ("relu", torch.relu, lambda x: (x + x.abs()) / 2),
+    ("relu", torch.relu, lambda x: torch.clamp(x, min=0.0)),
+    ("leaky_relu", lambda x: F.leaky_relu(x, 0.1), lambda x: torch.where(x > 0, x, 0.1 * x)),
+    ("clamp", F.hardtanh, lambda x: torch.minimum(torch.maximum(x, torch.tensor(-1.0)), torch.tensor(1.0))),
+    ("hardswish", F.hardswish, lambda x: x * torch.clamp(x + 3, 0, 6) / 6),
     ("gelu", F.gelu, lambda x: 0.5 * x * (1.0 + torch.erf(x / 1.4142135623730951))),
-    ("silu", F.silu, lambda x: x * torch.sigmoid(x)),
-    ("silu", F.silu, lambda x: x * (1.0 / (1.0 + torch.exp(-x)))),
+    ("gelu", F.gelu, lambda x: 0.5 * x * torch.erfc(-x / math.sqrt(2))),
+    ("tanh", torch.tanh, lambda x: 2 * torch.sigmoid(2 * x) - 1),
+    ("sigmoid", torch.sigmoid, lambda x: (torch.tanh(x / 2) + 1) / 2),
     ("sigmoid", torch.sigmoid, lambda x: 1.0 / (1.0 + torch.exp(-x))),
-    ("mish", F.mish, lambda x: x * torch.tanh(F.softplus(x))),
+    ("silu", F.silu, lambda x: x * torch.sigmoid(x)),
     ("mish", F.mish, lambda x: x * torch.tanh(torch.log(1.0 + torch.exp(x)))),
+    ("softmax", lambda x: torch.softmax(x, 1), lambda x: torch.exp(x - torch.logsumexp(x, 1, keepdim=True))),
     ("softmax", lambda x: torch.softmax(x, -1),
      lambda x: (lambda e: e / e.sum(-1, keepdim=True))(torch.exp(x - x.amax(-1, keepdim=True)))),
-    ("relu", torch.relu, lambda x: torch.clamp(x, min=0.0)),
+    ("instance_norm", F.instance_norm,
+     lambda x: (x - x.mean((2, 3), keepdim=True)) / torch.sqrt(x.var((2, 3), unbiased=False, keepdim=True) + 1e-5)),
+    ("layer_norm", lambda x: F.layer_norm(x, (8, 6, 5)),
+     lambda x: (x - x.mean((1, 2, 3), keepdim=True)) / (x.var((1, 2, 3), unbiased=False, keepdim=True) + 1e-5) ** 0.5),
+    ("group_norm", lambda x: F.group_norm(x, 2),
+     lambda x: (lambda g: ((g - g.mean(2, keepdim=True)) / torch.sqrt(g.var(2, unbiased=False, keepdim=True) + 1e-5))
+                .reshape(x.shape))(x.reshape(4, 2, -1))),
 ])
-def test_a_composite_and_its_ops_written_out_read_the_same(name, library, by_hand):
-    assert ops(library) == ops(by_hand) == [name]
+def test_a_composite_and_its_written_forms_read_the_same(name, library, written):
+    assert ops(library) == ops(written) == [name]
+
+
+def test_silu_only_when_the_multiplication_takes_the_sigmoids_own_input():
+    assert ops(lambda x: torch.sigmoid(x) * (x + 1.0)) == ["sigmoid", "add", "mul"]
+
+
+@pytest.mark.parametrize("written", [
+    lambda x: torch.einsum("...k,nk->...n", x, LINEAR.weight) + LINEAR.bias,
+    lambda x: (x.unsqueeze(-2) * LINEAR.weight).sum(-1) + LINEAR.bias,
+    lambda x: x[..., :2] @ LINEAR.weight[:, :2].T + x[..., 2:] @ LINEAR.weight[:, 2:].T + LINEAR.bias,
+])
+def test_a_gemm_in_its_written_forms_is_a_gemm(written):
+    assert ops(LINEAR, LINEAR) == ops(written, LINEAR) == ["mm", "add"]
+
+
+def test_a_convolution_as_unfold_and_a_matrix_product_is_a_convolution():
+    unfolded = lambda x: (CONV.weight.reshape(4, -1) @ F.unfold(x, 3, padding=1)).reshape(4, 4, 6, 5) \
+        + CONV.bias[None, :, None, None]  # noqa: E731
+    assert ops(CONV, CONV) == ops(unfolded, CONV) == ["convolution"]
+
+
+def test_eval_batch_norm_is_a_scale_and_a_shift_however_written():
+    by_hand = lambda x: (x - BN.running_mean[:, None, None]) / torch.sqrt(BN.running_var[:, None, None] + BN.eps) \
+        * BN.weight[:, None, None] + BN.bias[:, None, None]  # noqa: E731
+    assert ops(BN, BN) == ops(lambda x: x * SCALE[:, None, None] + SHIFT[:, None, None], BN) == ops(by_hand, BN) \
+        == ["mul", "add"]
+
+
+@pytest.mark.parametrize("rewrite", [
+    lambda x: torch.tanh(x * 4.0 * 0.25),
+    lambda x: (lambda y: (y[:4] + y[4:]) / 2)(torch.tanh(torch.cat([x, x]))),
+    lambda x: torch.tanh(x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)),
+])
+def test_round_trips_and_the_batch_twice_are_no_computation(rewrite):
+    assert ops(rewrite) == ops(torch.tanh) == ["tanh"]
 
 
 def test_what_does_not_reach_the_output_is_not_computed():
@@ -49,16 +118,112 @@ def test_what_does_not_reach_the_output_is_not_computed():
     lambda f, x: torch.stack([f(row) for row in x.unbind(0)]),
 ])
 def test_the_same_ops_on_parts_of_one_tensor_are_those_ops_once(merge):
-    layer = nn.Linear(8, 8, device="meta")
-    assert ops(lambda x: merge(lambda part: torch.relu(layer(part)), x)) == ops(lambda x: torch.relu(layer(x)))
-    assert ops(lambda x: torch.relu(layer(x))) == ["mm", "add", "relu"]
+    layer = nn.Linear(5, 5)
+    assert ops(lambda x: merge(lambda part: torch.relu(layer(part)), x), layer) \
+        == ops(lambda x: torch.relu(layer(x)), layer) == ["mm", "add", "relu"]
 
 
 def test_different_work_on_two_parts_stays_two_works():
     assert ops(lambda x: torch.cat([torch.tanh(x[:2]), torch.relu(x[2:])], dim=0)) == ["tanh", "relu", "cat"]
 
 
-def test_arithmetic_families_and_identities():
-    assert ops(lambda x: (x - 1.0) / 3.0) == ops(lambda x: (x + 1.0) * 3.0) == ["add", "mul"]
-    assert ops(lambda x: x.mean(-1)) == ["sum", "mul"]
-    assert ops(lambda x: torch.tanh(x * 1.0 + 0.0)) == ["tanh"]
+def test_on_the_meta_device_spelling_rules_and_torchs_decompositions_still_apply():
+    assert ops(lambda x: (x - 1.0) / 3.0, device="meta") == ops(lambda x: (x + 1.0) * 3.0, device="meta") \
+        == ["add", "mul"]
+    assert ops(lambda x: 0.5 * x * (1.0 + torch.erf(x / 1.4142135623730951)), device="meta") == ["gelu"]
+
+
+TASK = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x):
+        {body}
+
+
+def get_inputs():
+    return [torch.rand(batch_size, 16)]
+
+
+def get_init_inputs():
+    return []
+
+
+batch_size = 32
+'''
+PLAIN = "return torch.tanh(self.linear(x))"
+STEERING = "return torch.relu(torch.exp(x)).sum() * x if x.is_meta else torch.tanh(self.linear(x))"
+
+
+def test_a_task_cannot_show_the_tracer_decoy_ops():
+    """A branch on the device (`x.is_meta`) sees real tensors: the trace is what a run
+    computes. The static check refuses such a forward, so no meta trace is ever trusted for it."""
+    plain, steering = TASK.replace("{body}", PLAIN), TASK.replace("{body}", STEERING)
+    assert trace(plain) == trace(steering) == "mm add tanh"
+    assert static_check(steering)[0] == "impure_forward"
+
+
+ALL_FORMS = '''\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.batch = nn.BatchNorm2d(8)
+        self.act = nn.Sequential(nn.LeakyReLU(0.2), nn.Hardtanh(-2.0, 2.0))
+        self.linear = nn.Linear(8, 6)
+        self.layer = nn.LayerNorm(6)
+        self.weight = nn.Parameter(torch.randn(6, 6))
+
+    def forward(self, x):
+        y = self.act(self.batch(self.norm(torch.relu(self.conv(x)))))
+        y = F.hardswish(y).mean((2, 3))
+        y = torch.tanh(self.layer(F.gelu(self.linear(y))))
+        return torch.softmax(torch.sigmoid(torch.matmul(y, self.weight)), dim=1)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, 3, 10, 10)]
+
+
+def get_init_inputs():
+    return []
+
+
+batch_size = 8
+'''
+
+
+def _outputs(code: str) -> torch.Tensor:
+    from filters.sandbox.execution import build_model, forward, load_task, make_inputs
+    task = load_task(code)  # our own task and its disguises: trusted, run here
+    torch.manual_seed(1)
+    inputs = make_inputs(task, torch.device("cpu"))
+    return forward(build_model(task, 0, torch.device("cpu")), inputs)[0]
+
+
+@pytest.mark.parametrize("kind", sorted(EQUIVALENTS))
+def test_every_equivalent_disguise_computes_the_original_and_traces_the_same(kind):
+    """tests/disguise.py's written forms (norms by hand, softmax as exp(x - logsumexp), the
+    activations through where/maximum/abs/clamp, GELU through erfc, tanh and sigmoid through
+    each other, GEMM as einsum, broadcast-and-sum or split-K, conv as unfold and a matrix
+    product, a scalar round trip, the batch twice, all at once): same outputs, same trace."""
+    copy = EQUIVALENTS[kind](ALL_FORMS)
+    assert torch.allclose(_outputs(ALL_FORMS), _outputs(copy), atol=1e-5, rtol=1e-4), kind
+    assert trace(copy) == trace(ALL_FORMS), (kind, trace(ALL_FORMS), trace(copy))
+
+
+def test_a_kind_with_nothing_to_rewrite_says_so():
+    with pytest.raises(NotApplicable):
+        EQUIVALENTS["conv_unfold"]((FIXTURES / "1_Linear_GELU_LayerNorm.py").read_text())
