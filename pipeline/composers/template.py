@@ -19,11 +19,13 @@ Two ways to draw a chain (`sampling`):
 - `uniform` draws every position uniformly from the ops that fit there: coverage first,
   with no notion of a layer.
 
-A run's later rounds pass the op tuples its earlier rounds drew (`drawn`): a draw that
+A run's later rounds pass the op tuples its earlier rounds drew (`drawn`), and a round's
+candidates, composed in order in one `compose_many`, hold back each other's: a draw that
 repeats one is drawn again, and kept only when no other chain fits. The layered sampling
 otherwise repeats itself as a run grows: in a 3,584-candidate run on the H200, 291 of the
 seventh round's 512 candidates were exact repeats (BENCHMARKS.md). Composition stays a
-pure function of (run seed, index, earlier rounds), so a resumed run composes the same.
+pure function of (run seed, index, earlier rounds, the round's earlier indexes), so a
+resumed run composes the same.
 """
 from __future__ import annotations
 
