@@ -3,6 +3,7 @@ each round as `opsynth run` does: one `compose_many` call over the round's index
 op tuples of earlier rounds (`drawn`).
 
     python -m tests.benchmarks.bench_repeats [--rounds 12] [--round-size 512] [--catalog PATH] [--every-draw-kept]
+                                             [--no-screen]
 
 Composes as `opsynth run --config ops6k --composer template` does: the recipe's catalog
 (torch and transformers; or a catalog Parquet, such as the one a GPU host crawled), op-count
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--catalog", help="a catalog Parquet (default: crawl or read the cache)")
     parser.add_argument("--every-draw-kept", action="store_true", help="also compose with nothing held back")
+    parser.add_argument("--no-screen", action="store_true", help="without the numeric screen (6x faster; it redraws "
+                                                                   "a few chains, so repeats differ slightly)")
     args = parser.parse_args()
     os.environ.setdefault("KERNELBENCH", "unused")  # the recipe names a reference; composing needs none
     cfg = build_config("ops6k", {"composer": "template", "reference": None})
@@ -71,7 +74,9 @@ def main() -> None:
     usage = op_usage([spec.name for spec in catalog], cfg.libraries)
 
     def composer_for(drawn):
-        return TemplateComposer(catalog, cfg.op_count_mix, cfg.library_mix, cfg.sampling, usage, drawn)
+        composer = TemplateComposer(catalog, cfg.op_count_mix, cfg.library_mix, cfg.sampling, usage, drawn)
+        composer.numeric_screen = not args.no_screen
+        return composer
 
     total = args.rounds * args.round_size
     print(f"{len(catalog)} ops, {args.rounds} rounds of {args.round_size}, seed {args.seed}", flush=True)
@@ -82,7 +87,7 @@ def main() -> None:
         result = rounds(factory, args.rounds, args.round_size, args.seed, one_call)
         distinct = sum(result["mix"].values())
         share = " / ".join(f"{result['mix'][k] / distinct:.1%}" for k in sorted(result["mix"]))
-        print(f"{name}:\n  exact repeats by round {result['exact']}: {sum(result['exact'])} of {total} "
+        print(f"{name}{' (no numeric screen)' if args.no_screen else ''}:\n  exact repeats by round {result['exact']}: {sum(result['exact'])} of {total} "
               f"({sum(result['exact']) / total:.1%}), by op count {dict(sorted(result['repeated_counts'].items()))}"
               f"\n  repeated op tuples by round {result['tuples']}: {sum(result['tuples'])} ({sum(result['tuples']) / total:.1%})"
               f"\n  compose_failed {result['failed']}; distinct tasks {distinct}, their op-count mix {share}; "
