@@ -282,3 +282,14 @@ def test_the_composer_redraws_what_the_screen_rejects_and_stays_a_pure_function(
     assert faults([unscreened.compose(index, 5) for index in indices])  # what it stops (Conv2d -> exp -> cosh ...)
     again = TemplateComposer(list(reversed(catalog)), {2: 0.4, 3: 0.4, 4: 0.2})
     assert [again.compose(index, 5) for index in indices] == kept
+
+
+def test_a_round_composed_in_one_call_holds_back_its_own_tuples(torch_catalog):
+    names = {"torch.nn.Linear", "torch.nn.ReLU", "torch.nn.GELU", "torch.nn.Tanh", "torch.nn.Sigmoid", "torch.nn.SiLU"}
+    composer = TemplateComposer([spec for spec in torch_catalog[0] if spec.name in names], {2: 1.0},
+                                numeric_screen=False)
+    alone = [composer.compose(index, 0).ops for index in range(8)]
+    together = [candidate.ops for candidate in composer.compose_many([{"index": i} for i in range(8)], 0)]
+    assert len(set(alone)) < 8 and len(set(together)) == 8  # Linear > ReLU thrice alone, once together
+    assert together[0] == alone[0]
+    assert together == [c.ops for c in composer.compose_many([{"index": i} for i in range(8)], 0)]  # pure
