@@ -38,6 +38,16 @@ LAYOUT_WORDS = ("pad", "shuffle", "unfold", "flip", "roll", "rot90", "tile", "re
                 "_copy", "interpolate", "upsample", "fftshift", "msort", "unique", "vander", "narrow", "permute",
                 "transpose", "rearrange", "crop", "resize")
 
+# What an op of each role does in a fused layer, in the words the LLM composer's prompt gives
+# each op it asks for (pipeline/prompts/compose_v4.txt).
+ROLE_DUTIES = {
+    ANCHOR: "anchor: the compute-heavy op the layer is built around; it comes first",
+    NORMALISATION: "normalisation: normalises the anchor's output (or leads the layer, as LayerNorm -> GELU does)",
+    EPILOGUE: "epilogue: elementwise math or an activation applied to the output of the op before it",
+    REDUCTION: "reduction: sums, pools or reduces the result; it comes last",
+    LAYOUT: "layout: pads or rearranges the input before the anchor",
+}
+
 
 def compute_heavy(ops) -> bool:
     """Whether a chain of these ops holds a compute-heavy one (an anchor or a normalisation)."""

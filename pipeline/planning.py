@@ -9,13 +9,14 @@ from pipeline.sampling import sample_tuples
 
 
 def plan_jobs(cfg, catalog: list[OpSpec], records: list[tuple[Candidate, Verdict]], next_index: int,
-              size: int) -> list[dict]:
+              size: int, usage: dict[str, int] | None = None) -> list[dict]:
+    """`usage`: calls of each op in model code (operators/usage.py), the LLM tuples' weights."""
     if cfg.composer == "template":
         return [{"index": index} for index in range(next_index, next_index + size)]
     repairs = repair_jobs(records, cfg.llm["repair_rounds"])[:size]
-    fresh_done = sum("repair_of" not in c.provenance for c, _ in records)
-    tuples = sample_tuples(catalog, fresh_done + size - len(repairs), cfg.op_count_mix, cfg.library_mix,
-                           cfg.seed)[fresh_done:]
+    drawn = frozenset(tuple(c.provenance.get("requested_ops") or c.ops) for c, _ in records)
+    tuples = sample_tuples(catalog, size - len(repairs), cfg.op_count_mix, cfg.library_mix, cfg.seed,
+                           start=next_index, drawn=drawn, usage=usage)
     jobs = repairs + [{"ops": ops} for ops in tuples]
     return [{**job, "index": next_index + offset} for offset, job in enumerate(jobs)]
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from pipeline.out_dir import copy_to_remote, log_to, output_dir
 from pipeline.planning import plan_jobs
 from pipeline.progress import Progress
 from pipeline.run_info import run_info
-from pipeline.sampling import NoOpsSelected, select_ops
+from pipeline.sampling import NoOpsSelected, select_ops, steer_config
 from pipeline.staging import (drop_near_duplicates, keep_before_endpoint_down, read_invocations, read_jsonl,
                               read_rounds, record_invocation, run_fingerprint, staging_dir)
 from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
@@ -89,7 +89,7 @@ def run(cfg: RunConfig) -> dict:
         reference = traced_in_batches(reference, pool, cfg.cache_dir)
         log.info("reference traced: %d of %d tasks compared by what they compute", reference.traced,
                  len(reference.fingerprints))
-    layered = cfg.composer == "template" and cfg.sampling == "layers"
+    layered = cfg.sampling == "layers"  # the template composer's chains and the LLM composer's op tuples
     setup = RunSetup(cfg, catalog, reference, llm, device, gpus, workers, out_dir,
                      staging_dir(out_dir, run_fingerprint(cfg, device)),
                      op_usage([spec.name for spec in catalog], cfg.libraries) if layered else None)
@@ -131,12 +131,13 @@ def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress, l
             break
         size = round_size(cfg.num_samples - accepted, accepted, len(records), setup.workers,
                           cfg.max_candidates - next_index)
-        jobs = plan_jobs(cfg, catalog, records, next_index, size)
+        steered = replace(setup, cfg=steer_config(cfg, records, size))  # the mix corrected by what was accepted
+        jobs = plan_jobs(steered.cfg, catalog, records, next_index, size, setup.usage)
         if not jobs:
             stop_reason = f"drew every op tuple the selected {len(catalog)} ops allow, with {accepted} accepted"
             break
         path = setup.staging / f"round-{next_index:07d}-{next_index + len(jobs):07d}.jsonl"
-        _run_round(setup, jobs, [c for c, _ in records], path)
+        _run_round(steered, jobs, [c for c, _ in records], path)
         round_records, down = keep_before_endpoint_down(path)
         records = drop_near_duplicates(records + round_records, cfg.dedupe_threshold)
         next_index += len(jobs)
@@ -250,7 +251,10 @@ def _run_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], path: 
     sandbox = sandbox_options(cfg, setup.device, setup.gpus, setup.workers, setup.out_dir)
     check_config = _check_config(cfg, setup.device, sandbox)
     groups = validation_groups(cfg.beam_args, len(jobs), setup.workers)
-    compose = ComposeCandidates(cfg.composer, setup.catalog, cfg.seed, 2 * llm.concurrency if llm else 16,
+    # The template composer takes a round as one batch (every index under the last + 1 shares
+    # one key), so that the round's candidates hold back each other's op tuples.
+    batch = 2 * llm.concurrency if llm else jobs[-1]["index"] + 1
+    compose = ComposeCandidates(cfg.composer, setup.catalog, cfg.seed, batch,
                                 op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix, sampling=cfg.sampling,
                                 usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir,
                                 drawn=frozenset(candidate.ops for candidate in prior if candidate.ops))

@@ -23,9 +23,10 @@ from filters.similarity.score import model_ops
 from filters.store import JsonStore
 from outputs.retry import retry_after
 from operators.records import Candidate, OpSpec, Verdict, task_id
+from operators.roles import ROLE_DUTIES, role_of
 
 PROMPTS = Path(__file__).parent.parent / "prompts"
-COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v3", "repair_v2"
+COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v4", "repair_v2"
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 INTERFACE = ("Model", "get_inputs", "get_init_inputs")
 # Rejects a model can be asked to fix: the program broke a rule it can change (the sandbox
@@ -204,9 +205,15 @@ class LLMComposer:
                 op_names=", ".join(ops))
         seeds = "\n\n".join(f"# {name}\n```python\n{self.by_name[name].seed_code.strip()}\n```" for name in ops)
         return (PROMPTS / f"{COMPOSE_PROMPT}.txt").read_text().format(
-            op_list="\n".join(f"- {name}" for name in ops), seed_tasks=seeds, target_ms=self.settings.target_ms)
+            op_list=op_list(ops), seed_tasks=seeds, target_ms=self.settings.target_ms)
 
     def _failed(self, job, ops, provenance, run_seed, reason, detail, text):
         candidate = Candidate(f"{self.name}-{job['index']}-{reason}", ops, f"torch#{len(ops)}", text, self.name,
                               run_seed, provenance)
         return candidate, Verdict(candidate.id, "compose", False, reason, detail)
+
+
+def op_list(ops: tuple[str, ...]) -> str:
+    """The ops a prompt asks for, in the order the tuple was drawn (a layer's order), each
+    with its role in the layer (operators/roles.py) on the line below its name."""
+    return "\n".join(f"- {name}\n  {ROLE_DUTIES[role_of(name)]}" for name in ops)

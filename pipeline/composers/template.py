@@ -19,11 +19,13 @@ Two ways to draw a chain (`sampling`):
 - `uniform` draws every position uniformly from the ops that fit there: coverage first,
   with no notion of a layer.
 
-A run's later rounds pass the op tuples its earlier rounds drew (`drawn`): a draw that
+A run's later rounds pass the op tuples its earlier rounds drew (`drawn`), and a round's
+candidates, composed in order in one `compose_many`, hold back each other's: a draw that
 repeats one is drawn again, and kept only when no other chain fits. The layered sampling
 otherwise repeats itself as a run grows: in a 3,584-candidate run on the H200, 291 of the
 seventh round's 512 candidates were exact repeats (BENCHMARKS.md). Composition stays a
-pure function of (run seed, index, earlier rounds), so a resumed run composes the same.
+pure function of (run seed, index, earlier rounds, the round's earlier indexes), so a
+resumed run composes the same.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ ATTEMPTS = 64
 SCREENS = 12
 FEATURED_SCREENS = 4
 SAMPLINGS = ("layers", "uniform")
+GOLDEN = (math.sqrt(5) - 1) / 2  # the step of draw_op_count's low-discrepancy sequence
 COVERAGE_EVERY = 4  # every 4th candidate is built around the next op of the coverage order
 # The role of a lone op (KernelBench level 1 is mostly matmuls, convolutions, norms, reductions)
 # and of each place after a chain's anchor.
@@ -94,20 +97,28 @@ class TemplateComposer:
         self.screened: dict[bytes, str | None] = {}  # a chain's code (its hash) -> the screen's verdict
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list:
-        """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits."""
+        """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits. Jobs
+        are composed in order, and each holds back the op tuples the ones before it drew as
+        well as earlier rounds' (`drawn`): a run composes a round in one call, so the round's
+        candidates do not repeat each other."""
         results = []
+        drawn = set(self.drawn)
         for job in jobs:
             try:
-                results.append(self.compose(job["index"], run_seed))
+                results.append(self.compose(job["index"], run_seed, frozenset(drawn)))
+                drawn.add(results[-1].ops)
             except CompositionFailed as failure:
                 placeholder = Candidate(f"compose-{run_seed}-{job['index']}", (), "", "", self.name, run_seed,
                                         {"index": job["index"]})
                 results.append((placeholder, Verdict(placeholder.id, "compose", False, "compose_failed", str(failure))))
         return results
 
-    def compose(self, index: int, run_seed: int) -> Candidate:
+    def compose(self, index: int, run_seed: int, drawn: frozenset[tuple[str, ...]] | None = None) -> Candidate:
+        """Candidate `index` of the run seeded `run_seed`; `drawn`: the op tuples it draws
+        again only when nothing else fits (default: the earlier rounds' this composer holds)."""
+        drawn = self.drawn if drawn is None else drawn
         rng = random.Random(f"{run_seed}:{index}")
-        num_ops = draw_op_count(rng, self.op_count_mix)
+        num_ops = draw_op_count(index, run_seed, self.op_count_mix)
         lead = lead_library(index, self.library_mix)
         first_pool = [spec for spec in self.catalog if spec.library == lead] if lead else self.base
         featured = self._featured(index, run_seed) if self.sampling == "layers" and not lead else None
@@ -122,7 +133,7 @@ class TemplateComposer:
                 built = self._try_chain(rng, num_ops, first_pool)
             else:
                 built = self._try_layer(rng, num_ops, first_pool if lead else None, featured)
-            if built and tuple(bound.spec.name for bound in built[0]) in self.drawn:
+            if built and tuple(bound.spec.name for bound in built[0]) in drawn:
                 repeat = repeat or built
             elif built and not self._screened_out(built, faults):
                 return self._candidate(*built, index, run_seed)
@@ -308,16 +319,29 @@ def _draw(rng: random.Random, mix: dict[str, float]) -> str:
 
 def lead_library(index: int, library_mix: dict[str, float]) -> str | None:
     """The library candidate `index` starts from: each library of the mix leads its share of
-    candidates at every prefix of the run; the rest draw from the other libraries only."""
+    any run of consecutive candidates, to within one (so a round leads its share even when
+    the share changes from round to round); the rest draw from the other libraries only."""
     for library, share in sorted(library_mix.items()):
         if math.floor(share * (index + 1)) > math.floor(share * index):
             return library
     return None
 
 
-def draw_op_count(rng: random.Random, mix: dict[int, float]) -> int:
-    counts = sorted(mix)
-    return rng.choices(counts, weights=[mix[c] for c in counts])[0]
+def draw_op_count(index: int, run_seed: int, mix: dict[int, float]) -> int:
+    """The op count of candidate `index`: the index-th point of a Weyl sequence (steps of the
+    golden ratio from a seeded start) read through the mix's cumulative shares. Any run of
+    consecutive indexes then holds each count in its share to within a few candidates, where
+    independent draws stray by the square root (five-op chains: 6 +- 2.4 in 500), so a round
+    composes the mix it was given (pipeline/sampling.py steers that mix round by round)."""
+    point = (zlib.crc32(f"op-count:{run_seed}".encode()) / 2**32 + index * GOLDEN) % 1.0
+    counts = sorted(count for count in mix if mix[count] > 0)
+    total = sum(mix[count] for count in counts)
+    reached = 0.0
+    for count in counts:
+        reached += mix[count] / total
+        if point < reached:
+            return count
+    return counts[-1]
 
 
 def data_source(chain: list[BoundOp]) -> str:

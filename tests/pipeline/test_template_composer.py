@@ -1,3 +1,4 @@
+import math
 import random
 import re
 from collections import Counter
@@ -7,20 +8,81 @@ import torch
 
 from filters.sandbox.static_check import static_check
 from operators.layouts import LAYOUTS
-from operators.records import task_id
+from operators.records import Candidate, Verdict, task_id
 from operators.roles import (ANCHOR, COMPUTE_HEAVY, EPILOGUE, LAYOUT, REAL, REDUCTION, discontinuous, domain_of, feeds,
                              range_of, role_of)
 from pipeline.composers.screen import screen_sizes, screen_task
 from tests.conftest import make_task
 from pipeline.composers.template import (COVERAGE_EVERY, DEFAULT_OP_COUNT_MIX, TemplateComposer, data_source,
-                                         draw_op_count, layer_roles, place)
+                                         draw_op_count, layer_roles, lead_library, place)
 
 
-def test_op_count_draws_follow_the_cuda_agent_mix():
-    rng = random.Random(0)
-    draws = Counter(draw_op_count(rng, DEFAULT_OP_COUNT_MIX) for _ in range(20_000))
-    for count, share in DEFAULT_OP_COUNT_MIX.items():
-        assert abs(draws[count] / 20_000 - share) < 0.01
+def test_op_count_draws_hold_the_mix_in_every_window_of_consecutive_indexes():
+    total = sum(DEFAULT_OP_COUNT_MIX.values())
+    for seed, start, length in [(0, 0, 500), (3, 777, 500), (5, 4096, 100)]:
+        draws = Counter(draw_op_count(index, seed, DEFAULT_OP_COUNT_MIX) for index in range(start, start + length))
+        for count, share in DEFAULT_OP_COUNT_MIX.items():
+            assert abs(draws[count] - share / total * length) <= 2.5, (seed, start, draws)
+    assert draw_op_count(10, 0, {2: 0.5, 3: 0.0, 4: 0.5}) in (2, 4)  # a count steered to nothing is never drawn
+
+
+# Synthetic acceptance rates shaped like the H200's: longer chains and library-led chains die more.
+RATES = {1: 0.35, 2: 0.62, 3: 0.5, 4: 0.12, 5: 0.25}
+LED_RATE = 0.4  # a transformers-led chain is accepted this much as often as a torch one
+
+
+def simulated_run(steered: bool, wanted: int = 500, workers: int = 8):
+    """Rounds as pipeline/run.py plans them, each candidate's op count and lead library drawn as
+    the template composer draws them, accepted at the synthetic rates without noise (the n-th
+    candidate of a kind passes when its running quota ticks): the accepted op-count mix and
+    transformers share."""
+    from pipeline.config import RunConfig
+    from pipeline.run import round_size
+    from pipeline.sampling import steer_config
+
+    cfg = RunConfig(op_count_mix=dict(DEFAULT_OP_COUNT_MIX), library_mix={"transformers": 0.012})
+    records, seen = [], Counter()
+    while sum(verdict.passed for _, verdict in records) < wanted:
+        accepted = sum(verdict.passed for _, verdict in records)
+        size = round_size(wanted - accepted, accepted, len(records), workers, 10**6)
+        mix = steer_config(cfg, records, size) if steered else cfg
+        for index in range(len(records), len(records) + size):
+            count = draw_op_count(index, 0, mix.op_count_mix)
+            lead = lead_library(index, mix.library_mix)
+            rate = RATES[count] * (LED_RATE if lead else 1)
+            kind = (count, lead)
+            passed = math.floor(rate * (seen[kind] + 1)) > math.floor(rate * seen[kind])
+            seen[kind] += 1
+            candidate = Candidate(f"c{index}", tuple(f"op{i}" for i in range(count)), f"{lead or 'torch'}#{count}",
+                                  "", "template", 0, {"index": index})
+            records.append((candidate, Verdict(candidate.id, "accepted" if passed else "eager", passed)))
+    kept = [candidate for candidate, verdict in records if verdict.passed]
+    mix = {count: sum(len(c.ops) == count for c in kept) / len(kept) for count in RATES}
+    return mix, sum(c.data_source.startswith("transformers") for c in kept) / len(kept), len(kept)
+
+
+def test_steering_brings_the_accepted_mix_to_the_target_against_uneven_acceptance():
+    total = sum(DEFAULT_OP_COUNT_MIX.values())
+    target = {count: share / total for count, share in DEFAULT_OP_COUNT_MIX.items()}
+    plain, plain_led, _ = simulated_run(steered=False)
+    assert max(abs(plain[count] - target[count]) for count in target) > 0.02  # the drift steering must undo
+    assert abs(plain_led - 0.012) > 0.005
+    steered, led, accepted = simulated_run(steered=True)
+    assert 500 <= accepted < 650
+    for count in target:
+        assert abs(steered[count] - target[count]) <= 0.01, (count, steered)
+    assert abs(led - 0.012) <= 0.005, led
+
+
+def test_steering_reads_only_the_records_so_a_resumed_run_steers_the_same():
+    from pipeline.sampling import steer
+
+    composed, accepted = Counter({1: 30, 2: 400, 4: 20}), Counter({1: 10, 2: 250, 4: 2})
+    shares = steer({1: 0.04, 2: 0.86, 4: 0.1}, composed, accepted, goal=500)
+    assert shares == steer({1: 0.04, 2: 0.86, 4: 0.1}, Counter(composed), Counter(accepted), goal=500)
+    assert abs(sum(shares.values()) - 1) < 1e-9
+    assert shares[4] > 0.1 and shares[2] < 0.86  # four-op chains lack most and pass least
+    assert steer({1: 0.5, 2: 0.5}, Counter(), Counter(), goal=10) == {1: 0.5, 2: 0.5}  # nothing seen yet
 
 
 @pytest.mark.parametrize("num_ops", [1, 5])
@@ -220,3 +282,14 @@ def test_the_composer_redraws_what_the_screen_rejects_and_stays_a_pure_function(
     assert faults([unscreened.compose(index, 5) for index in indices])  # what it stops (Conv2d -> exp -> cosh ...)
     again = TemplateComposer(list(reversed(catalog)), {2: 0.4, 3: 0.4, 4: 0.2})
     assert [again.compose(index, 5) for index in indices] == kept
+
+
+def test_a_round_composed_in_one_call_holds_back_its_own_tuples(torch_catalog):
+    names = {"torch.nn.Linear", "torch.nn.ReLU", "torch.nn.GELU", "torch.nn.Tanh", "torch.nn.Sigmoid", "torch.nn.SiLU"}
+    composer = TemplateComposer([spec for spec in torch_catalog[0] if spec.name in names], {2: 1.0},
+                                numeric_screen=False)
+    alone = [composer.compose(index, 0).ops for index in range(8)]
+    together = [candidate.ops for candidate in composer.compose_many([{"index": i} for i in range(8)], 0)]
+    assert len(set(alone)) < 8 and len(set(together)) == 8  # Linear > ReLU thrice alone, once together
+    assert together[0] == alone[0]
+    assert together == [c.ops for c in composer.compose_many([{"index": i} for i in range(8)], 0)]  # pure
