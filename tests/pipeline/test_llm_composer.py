@@ -10,7 +10,6 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
-from operators.records import OpSpec
 from operators.roles import ANCHOR, COMPUTE_HEAVY, role_of
 from pipeline.composers.template import TemplateComposer
 from pipeline.composers.llm import LLMComposer, LLMSettings, check_answer, retry_delay
