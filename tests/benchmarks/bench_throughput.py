@@ -182,8 +182,20 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
         "bounds_accepted_per_hour": bounds(len(records), accepted, job_s, metrics, alone_s),
         "wasted": wasted,
         "retried_alone": {"jobs": len(retried), "accepted": sum(bool(v["passed"]) for v in retried)},
+        "accepted_eager_ms": percentiles([_num(m, "eager_ms") for v, m in zip(verdicts, metrics) if v["passed"]]),
+        "accepted_resized_share": round(sum(bool(m.get("resized")) for v, m in zip(verdicts, metrics) if v["passed"])
+                                        / max(accepted, 1), 3),
         "rejected_by_reason": dict(Counter(v["reason"] for v in verdicts if not v["passed"]).most_common()),
     }
+
+
+def percentiles(values: list[float]) -> dict:
+    """p10 / p50 / p90 of the accepted tasks' eager ms (KernelBench L2's p50 on the H200: 3.0)."""
+    if not values:
+        return {}
+    ranked = sorted(values)
+    at = lambda q: round(ranked[min(len(ranked) - 1, int(q * len(ranked)))], 3)  # noqa: E731
+    return {"p10": at(0.1), "p50": at(0.5), "p90": at(0.9)}
 
 
 def bounds(candidates: int, accepted: int, job_s: float, metrics: list[dict], alone_s: float) -> dict:
@@ -237,6 +249,7 @@ def print_report(s: dict) -> None:
     print(f"wasted: {w['repeats']} repeats ({w['repeats_worker_s']} worker-s), {w['nan_or_inf']} nan_or_inf "
           f"({w['nan_or_inf_worker_s']} worker-s); retried alone after a GPU memory failure: "
           f"{s['retried_alone']['jobs']} ({s['retried_alone']['accepted']} then accepted)")
+    print("accepted eager ms:", json.dumps(s["accepted_eager_ms"]), "re-sized share", s["accepted_resized_share"])
     print("rejected by reason:", json.dumps(s["rejected_by_reason"]))
 
 
