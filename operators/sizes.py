@@ -14,7 +14,7 @@ from __future__ import annotations
 
 BATCH, HIDDEN, CHANNELS, SEQUENCE, SPATIAL, FRAMES = "batch", "hidden", "channels", "sequence", "spatial", "frames"
 LADDERS: dict[str, tuple[int, ...]] = {
-    BATCH: tuple(1 << k for k in range(3, 17)),  # 8 .. 65,536
+    BATCH: tuple(1 << k for k in range(3, 19)),  # 8 .. 262,144 (a memory-bound chain needs ~10^8 elements for 1 ms on an H200)
     HIDDEN: (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 16384),
     CHANNELS: (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048),
     SEQUENCE: (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
