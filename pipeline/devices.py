@@ -30,8 +30,9 @@ def resolve_device(requested: str) -> tuple[str, list[int]]:
 
 
 MIN_WORKER_GPU_GB = 6.0  # the smallest share of a GPU's memory a default worker gets
-# On the H200 (16 cores) 16 workers waited 4,614 s at the gate per 512 candidates against 874 s
-# for 8, and accepted no more: until the gate's waits fall, a GPU takes at most 8 by default.
+# On the H200 (16 cores) 16 workers waited 4,614 s at the gate per 512 candidates and accepted
+# no more than 8 (docs/sandbox.md: with an older, GPU-hungrier re-sizing); until 16 are
+# measured to gain, a GPU takes at most 8 by default.
 MAX_WORKERS_PER_GPU = 8
 
 
