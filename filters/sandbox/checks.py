@@ -230,8 +230,19 @@ class InTimingWindow(Check):
                 level, rounds = search.by_batch_alone(), attempt + cfg["max_resize_rounds"]
             if level is None:
                 break
+            inside_at = (search.batch_only, search.level) if self.decide(t.metrics, cfg) is None else None
             self._unload(t)
-            self._load_resized(t, search, level)
+            try:
+                self._load_resized(t, search, level)
+            except Reject:
+                if inside_at is None:
+                    raise
+                # In the window, aiming closer: a size the task cannot take (a buffer of fixed
+                # shape) leaves it where it was, and a precise measure decides there.
+                search.batch_only, search.level = inside_at
+                self._load_resized(t, search, search.level)
+                self._measure(t, search, precise=True)
+                break
             attempt += 1
         self.stop_if_failed(t)
 
