@@ -111,4 +111,4 @@ def test_config_numbers_become_literal_constructor_arguments_and_choices_literal
     activation = re.search(r"self\.act_fn = (nn\.)?(\w+)\(\)", mlp.definitions)
     assert activation and (activation.group(1) or f"class {activation.group(2)}(nn.Module)" in mlp.definitions)
     norm = op(specs, "llama", "LlamaRMSNorm")
-    assert norm.init_args == {"hidden_size": "$L"} and "llamarmsnorm_hidden_size = 256" in norm.seed_code
+    assert norm.init_args == {"hidden_size": "$L"} and "llamarmsnorm_hidden_size = hidden" in norm.seed_code  # sized from the input
