@@ -8,7 +8,6 @@ import multiprocessing
 import os
 import warnings
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from dataclasses import replace
 from pathlib import Path
@@ -48,11 +47,12 @@ def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSp
                  for key, name, result in _crawl_part(library, 0, 1)]
     else:
         parts = [(position, library, shard) for position, library in enumerate(libraries) for shard in range(processes)]
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as executor:
-            done = executor.map(_crawl_part, [library for _, library, _ in parts], [shard for *_, shard in parts],
-                                [processes] * len(parts))
-            keyed = [(position, key, name, result) for (position, _, _), part in zip(parts, done)
-                     for key, name, result in part]
+        # A Pool, not an executor: leaving its block (Ctrl-C included) terminates the processes
+        # at once instead of waiting for the parts under way.
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            done = pool.starmap(_crawl_part, [(library, shard, processes) for _, library, shard in parts])
+        keyed = [(position, key, name, result) for (position, _, _), part in zip(parts, done)
+                 for key, name, result in part]
     results: dict[str, OpSpec | SkippedOp] = {}
     for _, _, name, result in sorted(keyed, key=lambda item: item[:2]):
         if isinstance(results.get(name), OpSpec):
