@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 import textwrap
 
@@ -68,3 +69,9 @@ def make_task(forward: str, *, init: str = "", inputs: str = "[torch.rand(batch_
         """).format(header=header, constants=constants, inputs=inputs,
                     init=textwrap.indent(textwrap.dedent(init), " " * 8) or "",
                     forward=textwrap.indent(textwrap.dedent(forward), " " * 8))
+
+
+def interruptible() -> None:
+    """Popen's preexec_fn for a command a test interrupts with SIGINT, as Ctrl-C would: a
+    shell starts its background jobs with SIGINT ignored, and Python keeps an ignored SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

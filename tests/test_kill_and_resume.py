@@ -9,6 +9,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import interruptible
+
 
 @pytest.mark.slow
 def test_sigkill_mid_run_then_the_same_command_finishes_cleanly(tmp_path, cache_dir):
@@ -51,7 +53,8 @@ def test_ctrl_c_mid_validation_stops_the_run_at_once_and_ends_its_sandbox_worker
     before = set(store.rglob("*.json")) if store.exists() else set()
     command = [sys.executable, "-m", "pipeline.cli", "run", "--num-samples", "6", "--out", str(tmp_path / "run"),
                "--cache-dir", str(cache_dir), "--seed", "29", "--library", "torch"]
-    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=interruptible)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len((set(store.rglob("*.json")) if store.exists() else set()) - before) < 1:
         time.sleep(0.5)

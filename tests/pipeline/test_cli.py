@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipeline.cli import main
+from tests.conftest import interruptible
 
 SCALED_TANH = Path(__file__).parents[1] / "fixtures" / "reference" / "level1" / "1_scaled_tanh.py"
 
@@ -149,7 +150,7 @@ def test_ctrl_c_during_a_crawl_ends_with_one_line_and_no_catalog(tmp_path):
     import signal
     crawl = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "crawl", "--library", "torch",
                               "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "c.parquet")],
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     for line in crawl.stderr:  # interrupt once the crawl itself is under way
         if "crawling" in line:
             break
