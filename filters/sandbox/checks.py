@@ -218,15 +218,18 @@ class InTimingWindow(Check):
             eager_ms, peak = self._measure(t, search, precise=False)
             factor = self._factor(eager_ms, peak, target, cap_bytes)
             ratio = cfg["target_ratio"]
-            aimed = self.decide(t.metrics, cfg) is None and (ratio is None or 1 / ratio <= factor <= ratio)
+            inside = self.decide(t.metrics, cfg) is None
+            aimed = inside and (ratio is None or 1 / ratio <= factor <= ratio)
             level = None if aimed or last else search.next_level(factor, False)
-            if level is None and self.decide(t.metrics, cfg) is None:
+            if level is None and inside:
                 # Aimed, or in the window with nowhere better to go: one precise measure decides.
                 eager_ms, peak = self._measure(t, search, precise=True)
-                if self.decide(t.metrics, cfg) is None:
+                inside = self.decide(t.metrics, cfg) is None
+                if inside:
                     return
                 level = None if last else search.next_level(self._factor(eager_ms, peak, target, cap_bytes), False,
                                                             precise=True)
+            inside_at = (search.batch_only, search.level) if inside else None  # before a fallback moves them
             if level is None and not search.batch_only:
                 # The whole problem found no size in the window (on the H200 a memory-bound chain
                 # ran out of memory or rungs first: 106 too_fast of 512 against 27 by the batch
@@ -234,7 +237,6 @@ class InTimingWindow(Check):
                 level, rounds = search.by_batch_alone(), attempt + cfg["max_resize_rounds"]
             if level is None:
                 break
-            inside_at = (search.batch_only, search.level) if self.decide(t.metrics, cfg) is None else None
             self._unload(t)
             try:
                 self._load_resized(t, search, level)
