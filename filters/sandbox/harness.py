@@ -13,7 +13,7 @@ import torch
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
 from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
 from filters.sandbox.op_graph import op_graph
-from filters.sandbox.resize import NotResizable, scale_constant, with_constant
+from filters.sandbox.resize import RESIZE_CONSTANT, size_constants, with_constants
 from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
@@ -158,8 +158,7 @@ def _small_batch(code: str) -> str:
     """`code` at batch size SMALL_BATCH at most: real tensors cost memory and time, and a batch
     of a few samples still has parts for a task that splits it (one sample would leave an
     empty half, which some ops refuse)."""
-    try:
-        _, batch, _ = scale_constant(code, 1.0)
-    except NotResizable:
+    batch = size_constants(code).get(RESIZE_CONSTANT)
+    if batch is None or batch <= SMALL_BATCH:
         return code
-    return with_constant(code, min(batch, SMALL_BATCH))
+    return with_constants(code, {RESIZE_CONSTANT: SMALL_BATCH})

@@ -46,10 +46,6 @@ WORK_EXPONENT = {HIDDEN: 2, CHANNELS: 2}
 MAX_LEVEL = 48
 
 
-class NotResizable(ValueError):
-    """The task has no integer `batch_size` constant at module level."""
-
-
 def kind_of(name: str) -> str | None:
     for kind, pattern in KINDS:
         if re.fullmatch(pattern, name, flags=re.IGNORECASE):
@@ -145,23 +141,6 @@ def chosen_sizes(code: str, metrics: dict) -> dict[str, int]:
             return {}
         chosen[name] = value
     return chosen
-
-
-def scale_constant(code: str, factor: float, name: str = RESIZE_CONSTANT) -> tuple[str, int, int]:
-    """Return (new code, old value, new value) with `name = <int>` multiplied by `factor`."""
-    module = cst.parse_module(code)
-    finder = _Constants()
-    module.visit(finder)
-    if name not in finder.values:
-        raise NotResizable(f"no module-level integer constant {name!r} to scale")
-    old = finder.values[name]
-    new_value = max(1, round(old * factor))
-    return module.visit(_SetConstants({name: new_value})).code, old, new_value
-
-
-def with_constant(code: str, value: int, name: str = RESIZE_CONSTANT) -> str:
-    """`code` with `name = <int>` set to `value`."""
-    return with_constants(code, {name: value})
 
 
 def with_constants(code: str, values: dict[str, int]) -> str:
