@@ -71,15 +71,18 @@ def gpu_share_gb(gpus: list[int], workers: int) -> float:
     return 0.9 * min(torch.cuda.get_device_properties(g).total_memory for g in gpus) / 2**30 / per_gpu
 
 
-BUDGET_WORKERS_PER_GPU = 8  # the task memory budget is a third of the share 8 workers of a GPU would get
+BUDGET_WORKERS_PER_GPU = 8  # the task memory budget is half the share 8 workers of a GPU would get
 
 
 def task_memory_budget_gb(gpus: list[int]) -> float:
-    """GPU memory the resize search gives one task: a third of the share of 8 workers a GPU
-    (the later checks hold a second model and more outputs), whatever the number of workers,
-    so the same candidate gets the same verdict. A job that then runs out of its worker's
-    smaller share runs again alone (filters/sandbox/worker.py: retried_alone)."""
-    return gpu_share_gb(gpus, BUDGET_WORKERS_PER_GPU * len(gpus)) / 3
+    """GPU memory the resize search gives one task's forward: half the share of 8 workers a
+    GPU, whatever the number of workers, so the same candidate gets the same verdict. The
+    later checks hold two more outputs and a second model, about 1.7 times a memory-bound
+    chain's forward peak, which a half leaves room for. A third (5.3 GB on the H200) held
+    memory-bound chains under 1 ms: 5 GB of traffic is about 1 ms at 4.8 TB/s. A job that
+    still runs out of its worker's share runs again alone (filters/sandbox/worker.py:
+    retried_alone)."""
+    return gpu_share_gb(gpus, BUDGET_WORKERS_PER_GPU * len(gpus)) / 2
 
 
 def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:

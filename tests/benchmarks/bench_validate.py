@@ -49,7 +49,7 @@ def main() -> None:
         # own job folder inside the jail (a host folder is out of the jail's reach, and as root
         # the jail's uid could not write one), the fresh processes into one of the bench's.
         naive_cache, locks = (os.path.join(folder, name) for name in ("naive", "locks"))
-        config = {"device": args.device, "memory_budget_gb": gpu_memory_gb / 3 if gpu_memory_gb else None}
+        config = {"device": args.device, "memory_budget_gb": gpu_memory_gb / 2 if gpu_memory_gb else None}
         options = SandboxOptions(device=args.device, threads=threads, memory_guard="rss",
                                  gpu_memory_gb=gpu_memory_gb, timing_lock_dir=locks if cuda else None)
         start_s, pool_s, pooled = time_pool(codes, config, args.workers, options)
