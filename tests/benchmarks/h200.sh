@@ -6,7 +6,7 @@
 #   bash tests/benchmarks/h200.sh jail                          # the jailed sandbox on CUDA workers
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
-#   bash tests/benchmarks/h200.sh ops6k SECONDS                 # the ops6k recipe (template composer), resumed
+#   bash tests/benchmarks/h200.sh ops6k SECONDS [SAMPLES]       # the ops6k recipe (template composer), resumed
 #   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
 #   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
@@ -57,9 +57,12 @@ if [ "$STAGE" = ops6k ]; then
     # .kb/, for at most SECONDS; interrupted there, it keeps its finished rounds and verdicts.
     # Its state (cache and output folder) goes back as ops6k-state.tar.gz: carry it in
     # .device-cache/ and the next call resumes the same run, from a fresh machine too.
+    # SAMPLES (the recipe's 6,000 if not given) is kept in the state for the report stage.
     [ -f .device-cache/ops6k-state.tar.gz ] && tar -xzf .device-cache/ops6k-state.tar.gz -C /
+    [ -n "${2:-}" ] && echo "$2" > /tmp/opsynth-cache/ops6k-samples
     ops6k=(python3 -m pipeline.cli run --config ops6k --composer template --out /tmp/ops6k
-           --cache-dir /tmp/opsynth-cache --timeout-s 240 --max-memory-gb 24)
+           --cache-dir /tmp/opsynth-cache --timeout-s 240 --max-memory-gb 24
+           --num-samples "$(cat /tmp/opsynth-cache/ops6k-samples 2>/dev/null || echo 6000)")
     export KERNELBENCH=$PWD/.kb/KernelBench
     start=$(date +%s.%N)
     timeout -s INT -k 15 "${1:-480}" "${ops6k[@]}" 2>&1 | grep -v "^WARNING" | tail -4
@@ -73,7 +76,7 @@ s = json.load(open(sys.argv[1]))
 print(json.dumps({k: s.get(k) for k in ("composed", "accepted", "rejected", "rejected_by_reason", "op_count_mix")}))
 PY
     grep -E "catalog:|reference traced|round of" /tmp/ops6k/run.log | tail -40
-    tar -czf "$OUT/ops6k-state.tar.gz" /tmp/ops6k /tmp/opsynth-cache 2>/dev/null
+    tar -czf "$OUT/ops6k-state.tar.gz" --exclude="*.tar.gz" /tmp/ops6k /tmp/opsynth-cache 2>/dev/null
     cp /tmp/ops6k/stats.json /tmp/ops6k/run.log "$OUT/" 2>/dev/null
     exit 0
 fi
@@ -89,7 +92,8 @@ if [ "$STAGE" = report ]; then
     export KERNELBENCH=$PWD/.kb/KernelBench
     decided=$(cat /tmp/ops6k/.staging/round-*.jsonl 2>/dev/null | wc -l)
     python3 -m pipeline.cli run --config ops6k --composer template --out /tmp/ops6k --cache-dir /tmp/opsynth-cache \
-        --timeout-s 240 --max-memory-gb 24 --max-candidates "$decided" 2>&1 | tail -1
+        --timeout-s 240 --max-memory-gb 24 --max-candidates "$decided" \
+        --num-samples "$(cat /tmp/opsynth-cache/ops6k-samples 2>/dev/null || echo 6000)" 2>&1 | tail -1
     level2=$(ls -d .kb/KernelBench/KernelBench/level2 .kb/KernelBench/level2 2>/dev/null | head -1)  # either layout
     if [ ! -f /tmp/kb-l2/stats.json ]; then
         timeout -s INT -k 15 "${1:-420}" python3 -m pipeline.cli validate "$level2" --out /tmp/kb-l2 \
