@@ -13,11 +13,15 @@ import torch
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
 from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
 from filters.sandbox.op_graph import op_graph
-from filters.sandbox.resize import RESIZE_CONSTANT, size_constants, with_constants
+from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, size_constants, with_constants
 from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
 SMALL_BATCH = 4  # the batch size of a trace on real tensors
+# A trace on real tensors also shrinks every other module-level int of at least SHRINK_FROM
+# (what a name like `dim1`, `M` or `features` holds; kernel sizes, strides, heads and groups
+# are smaller and kept) by the largest power of two that divides it and leaves SMALL_EXTENT.
+SHRINK_FROM, SMALL_EXTENT = 64, 16
 bind_compiler()  # this module is imported by a worker before it runs any task
 
 # Every (stage, reason) a check can decide, and the sandbox's own; a worker's result that
@@ -112,10 +116,11 @@ def trace(code: str) -> str | None:
     would show a meta trace decoy ops). Only where that fails (too large, an op without a CPU
     kernel) is it traced on the meta device, and only a task that passes the static check,
     whose grammar refuses a forward that asks its tensors' device (`impure_forward`)."""
-    try:
-        return _traced(_small_batch(code), "cpu")
-    except Exception:  # an op without a CPU kernel, a size the CPU cannot hold, ...
-        pass
+    for small in dict.fromkeys((_small_problem(code), _small_batch(code))):
+        try:
+            return _traced(small, "cpu")
+        except Exception:  # sizes the model cannot take, an op without a CPU kernel, ...
+            pass
     from filters.sandbox.static_check import static_check
     if static_check(code) is not None:
         return None
@@ -152,6 +157,26 @@ def _generic_weights(model: torch.nn.Module) -> None:
             tensor.uniform_(0.5, 1.5)
         elif name.endswith("running_mean") or float(tensor.std()) < 1e-6:
             tensor.add_(torch.randn_like(tensor) * 0.2)
+
+
+def _small_problem(code: str) -> str:
+    """`code` at a small batch with its large constants shrunk (SHRINK_FROM): op_graph's
+    value comparisons cost seconds a tensor of KernelBench's full widths (a trace of 4096 x
+    4096 x 512 x 512 took 35 s of CPU, and the worker stops one at 20 s), and a power of two
+    keeps what the constants' ratios and divisors were. A task whose model cannot be built
+    so is traced at its widths (`_small_batch`)."""
+    shrunk = {name: value >> _halvings(value) for name, value in int_constants(code).items()
+              if name != RESIZE_CONSTANT and value >= SHRINK_FROM and _halvings(value)}
+    code = _small_batch(code)
+    return with_constants(code, shrunk) if shrunk else code
+
+
+def _halvings(value: int) -> int:
+    """How many times `value` halves evenly and stays at least SMALL_EXTENT."""
+    times = 0
+    while value % 2 == 0 and value // 2 >= SMALL_EXTENT:
+        value, times = value // 2, times + 1
+    return times
 
 
 def _small_batch(code: str) -> str:

@@ -55,9 +55,14 @@ def kind_of(name: str) -> str | None:
 
 def size_constants(code: str) -> dict[str, int]:
     """The module-level `NAME = <int>` constants whose name says what they size, by name."""
+    return {name: value for name, value in int_constants(code).items() if kind_of(name) and value > 0}
+
+
+def int_constants(code: str) -> dict[str, int]:
+    """Every module-level `NAME = <int>` of `code`, by name, whatever it sizes."""
     finder = _Constants()
     cst.parse_module(code).visit(finder)
-    return {name: value for name, value in finder.values.items() if kind_of(name) and value > 0}
+    return finder.values
 
 
 def at_level(constants: dict[str, int], level: int, batch_only: bool = False) -> dict[str, int] | None:
