@@ -306,11 +306,11 @@ def close_shared_pools() -> None:
 
 def _finish(job: dict, result: dict) -> dict:
     """The result as the pipeline takes it: with the code it applies to, which is the job's
-    own, an accepted one re-sized here to the sizes the checks chose (`size.<name>` metrics,
-    each checked to name a size constant of the job's code and to be a sane int:
-    filters/sandbox/resize.py `as_stored`; a reject keeps the code as submitted), and every string the child sent (its detail, its metrics' names and strings) naming no
+    own, re-sized here to the sizes the checks chose (`size.<name>` metrics, each checked to
+    name a size constant of the job's code and to be a sane int: filters/sandbox/resize.py
+    `as_stored`), and every string the child sent (its detail, its metrics' names and strings) naming no
     secret of this process."""
-    code = as_stored(job["code"], result["metrics"]) if result["passed"] else job["code"]
+    code = as_stored(job["code"], result["metrics"])
     clean = redaction.clean_strings(result)
     return {**clean, "detail": clean["detail"][:MAX_DETAIL], "code": code}
 

@@ -3,7 +3,6 @@ lets forward branch on a shape; a red team's task ran a KernelBench layer (Linea
 batch over 128 and decoy ops below it. Too fast at its batch of 64, it was re-sized to 256 by
 the timing check and accepted by a WorkerPool, and its trace, made of the code as submitted,
 read the decoy: decontamination would have compared the decoy with KernelBench."""
-from filters.sandbox.pool import _finish
 from tests.conftest import make_task
 
 LINEAR = "self.linear = nn.Linear(features, features)"
@@ -17,12 +16,3 @@ def test_an_accepted_task_is_traced_at_the_sizes_it_is_stored_at(pool):
     assert "batch_size = 64" not in result["code"]
     assert result["metrics"]["op_graph"] == "mm add relu mul", result["metrics"]["op_graph"]
 
-
-def test_a_reject_keeps_the_code_as_submitted_whatever_sizes_its_child_names():
-    """A child may name sizes with a reject (one holding the interpreter did: batch_size 1);
-    only an accepted row is re-sized."""
-    reject = {"passed": False, "stage": "determinism", "reason": "nondeterministic", "detail": "",
-              "metrics": {"resized": True, "size.batch_size": 1}}
-    assert _finish({"code": DECOY}, reject)["code"] == DECOY
-    accepted = {**reject, "passed": True, "stage": "accepted", "reason": ""}
-    assert "batch_size = 1\n" in _finish({"code": DECOY}, accepted)["code"]
