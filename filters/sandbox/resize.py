@@ -144,7 +144,7 @@ def chosen_sizes(code: str, metrics: dict) -> dict[str, int]:
 
 
 def as_stored(code: str, metrics: dict) -> str:
-    """`code` as an accepted row stores it: at the sizes the checks chose (`chosen_sizes`),
+    """`code` as the pool stores it: at the sizes the checks chose (`chosen_sizes`),
     when they re-sized it. The pool builds the row with it, and the worker traces it: a trace
     of the code as submitted missed a task whose ops change past its submitted batch."""
     chosen = chosen_sizes(code, metrics) if metrics.get("resized") is True else {}
