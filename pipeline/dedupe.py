@@ -1,8 +1,11 @@
 """`opsynth dedupe`: one row per task with its nearest reference task and duplicate.
 
 Every task is traced in the sandbox, a batch of tasks per child (filters/sandbox/trace_batch.py):
-a child per task cost more than the trace itself. A batch that a task changed, or that
-failed, is finished one task per child, as before."""
+a child per task cost more than the trace itself. Only tasks the static policy lets through
+share a child: one that holds the interpreter can replace the batch's own guard (a red team
+set `trace_batch.changed` to a function that finds no change, then steered every later silu)
+and is traced alone. A batch that a task changed, or that failed, is finished one task per
+child, as before."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from filters.sandbox.static_check import static_check
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
 from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, load_reference,
                                           read_tasks, trace_all)
@@ -61,13 +65,14 @@ def with_graphs(reference: ReferenceSet, graphs: list[str | None]) -> ReferenceS
 
 def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[str | None]:
     """What `trace_all` returns, from the same cache: the op sequence of each task, or None.
-    The tasks not in the cache are traced `batch` to a child; what a batch leaves when it runs
-    out of time is batched again, and what it leaves after a task changed its process (or
-    all of it, when it failed) is traced one task per child."""
+    The tasks not in the cache that pass the static check are traced `batch` to a child (the
+    others, alone); what a batch leaves when it runs out of time is batched again, and what it
+    leaves after a task changed its process (or all of it, when it failed) is traced one task
+    per child."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
-    pending = [code for code, entry in found.items() if entry is None]
-    alone = []
+    missing = [code for code, entry in found.items() if entry is None]
+    pending, alone = shareable(missing)
     while pending:
         batches = [pending[i:i + batch] for i in range(0, len(pending), batch)]
         pending = []
@@ -84,3 +89,13 @@ def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int =
     for code, graph in zip(alone, trace_all(alone, pool, cache_dir)):
         found[code] = {"op_graph": graph}
     return [found[code]["op_graph"] for code in codes]
+
+
+def shareable(codes: list[str]) -> tuple[list[str], list[str]]:
+    """(the tasks that may share a child, the rest). The guards of a batch run in the process
+    they guard, so only code that can reach none of them may share it: code the static policy
+    lets through writes no module, imports neither `sys` nor `builtins` and registers no
+    kernel or global hook (3.9 ms a task; 237 of KernelBench's 250 pass it)."""
+    verdicts = [static_check(code) for code in codes]
+    return ([code for code, verdict in zip(codes, verdicts) if verdict is None],
+            [code for code, verdict in zip(codes, verdicts) if verdict is not None])

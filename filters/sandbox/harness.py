@@ -116,18 +116,32 @@ def trace(code: str) -> str | None:
     would show a meta trace decoy ops). Only where that fails (too large, an op without a CPU
     kernel) is it traced on the meta device, and only a task that passes the static check,
     whose grammar refuses a forward that asks its tensors' device (`impure_forward`)."""
+    graph = None
     for small in dict.fromkeys((_small_problem(code), _small_batch(code))):
         try:
-            return _traced(small, "cpu")
+            graph = _traced(small, "cpu")
         except Exception:  # sizes the model cannot take, an op without a CPU kernel, ...
-            pass
+            continue
+        if small == code or _same_ops_at_its_sizes(code, small):
+            return graph
     from filters.sandbox.static_check import static_check
     if static_check(code) is not None:
-        return None
+        return graph
     try:
         return _traced(code, "meta")
     except Exception:  # data-dependent code has no value to decide by on meta
         return None
+
+
+def _same_ops_at_its_sizes(code: str, small: str) -> bool:
+    """Whether the task runs the same ops at the sizes of its trace as at its own, on the
+    meta device (no memory, no arithmetic). The policy lets forward branch on a shape, and a
+    red team's task ran a KernelBench layer at a batch over 4 and decoy ops at 4: the trace
+    read the decoy. Code the meta device cannot run (data-dependent ops) is taken as the same."""
+    try:
+        return _traced(small, "meta") == _traced(code, "meta")
+    except Exception:
+        return True
 
 
 def _traced(code: str, device: str) -> str:

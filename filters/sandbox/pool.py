@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from filters.sandbox import jail, redaction
-from filters.sandbox.resize import chosen_sizes, with_constants
+from filters.sandbox.resize import as_stored
 from filters.sandbox.worker import MAX_DETAIL, check_result, failure, longest_job_s, receive, send
 
 POLL_S = 0.2
@@ -307,13 +307,10 @@ def close_shared_pools() -> None:
 def _finish(job: dict, result: dict) -> dict:
     """The result as the pipeline takes it: with the code it applies to, which is the job's
     own, re-sized here to the sizes the checks chose (`size.<name>` metrics, each checked to
-    name a size constant of the job's code and to be a sane int: filters/sandbox/resize.py),
-    and every string the child sent (its detail, its metrics' names and strings) naming no
+    name a size constant of the job's code and to be a sane int: filters/sandbox/resize.py
+    `as_stored`), and every string the child sent (its detail, its metrics' names and strings) naming no
     secret of this process."""
-    code = job["code"]
-    chosen = chosen_sizes(code, result["metrics"]) if result["metrics"].get("resized") is True else {}
-    if chosen:
-        code = with_constants(code, chosen)
+    code = as_stored(job["code"], result["metrics"])
     clean = redaction.clean_strings(result)
     return {**clean, "detail": clean["detail"][:MAX_DETAIL], "code": code}
 

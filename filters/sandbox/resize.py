@@ -148,6 +148,14 @@ def chosen_sizes(code: str, metrics: dict) -> dict[str, int]:
     return chosen
 
 
+def as_stored(code: str, metrics: dict) -> str:
+    """`code` as the pool stores it: at the sizes the checks chose (`chosen_sizes`),
+    when they re-sized it. The pool builds the row with it, and the worker traces it: a trace
+    of the code as submitted missed a task whose ops change past its submitted batch."""
+    chosen = chosen_sizes(code, metrics) if metrics.get("resized") is True else {}
+    return with_constants(code, chosen) if chosen else code
+
+
 def with_constants(code: str, values: dict[str, int]) -> str:
     """`code` with each `name = <int>` of `values` set (a task the checks re-sized, rebuilt
     from its original code and the sizes they chose)."""

@@ -37,6 +37,7 @@ import time
 
 from filters.sandbox.jail import drop_privileges
 from filters.sandbox.landlock import restrict_writes_to
+from filters.sandbox.resize import as_stored
 
 MAX_RESULT_BYTES = 1 << 20
 MAX_OP_GRAPH = 20_000  # characters of a traced op sequence: a level-3 network has a few thousand
@@ -182,8 +183,9 @@ def run_job(job: dict, options: dict, reasons) -> dict:
         outcome = confirm(_in_child(job, options, reasons, _child), job["config"])
         if gpu_memory_ran_out(outcome, options, job["config"]):
             outcome = retried_alone(job, options, reasons)
-    if outcome["passed"]:
-        traced = _in_child(job, {**options, "timeout_s": TRACE_LIMIT_S}, reasons, _trace_child)
+    if outcome["passed"]:  # the code as the pool stores it, at the sizes the checks chose
+        stored = {**job, "code": as_stored(job["code"], outcome["metrics"])}
+        traced = _in_child(stored, {**options, "timeout_s": TRACE_LIMIT_S}, reasons, _trace_child)
         outcome["metrics"]["op_graph"] = traced["metrics"].get("op_graph") if traced["passed"] else None
     return outcome
 

@@ -205,3 +205,17 @@ def _hold_shared(path, seconds, log):
         log.put((f"reader {seconds} in", time.monotonic()))
         time.sleep(seconds)
         log.put((f"reader {seconds} out", time.monotonic()))
+
+
+def test_a_trace_reads_what_the_task_computes_at_its_own_batch_not_at_the_small_one():
+    """The policy lets forward branch on a shape, and the trace runs at a batch of 4: a red
+    team's task ran a Linear and a ReLU (a KernelBench layer) at any batch over 4 and decoy
+    ops at 4, was accepted by a WorkerPool, and its trace read the decoy. A task that runs
+    other ops at its own batch than at the small one is traced at its own, on meta."""
+    linear = "self.linear = nn.Linear(features, features)"
+    decoy = make_task("if x.shape[0] > 4:\n    return torch.relu(self.linear(x)) * 2.0\n"
+                      "return torch.cumsum(torch.tanh(x), dim=1) + torch.sigmoid(x)", init=linear)
+    honest = make_task("return torch.relu(self.linear(x)) * 2.0", init=linear)
+    assert harness.trace(decoy) == harness.trace(honest) == "mm add relu mul"
+    small = make_task("return torch.relu(self.linear(x)) * 2.0", init=linear, constants="batch_size = 4\nfeatures = 64")
+    assert harness.trace(small) == "mm add relu mul"  # a task at the small batch already is traced as it is

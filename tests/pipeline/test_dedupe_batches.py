@@ -36,3 +36,18 @@ def test_a_task_that_rebinds_torch_steers_no_later_task_of_its_batch(pool, tmp_p
     graphs = trace_in_batches([steering, *victims], pool, tmp_path / "graphs", batch=32)
     for graph in graphs[1:]:
         assert graph.split() == ["relu", "mul"], graph
+
+
+def test_a_task_that_replaces_the_batch_guard_shares_no_child(pool, tmp_path):
+    """The batch's guards run in the process they guard: a task holding the interpreter set
+    `trace_batch.changed` to a function that finds no change, then rebound `torch._C._nn.silu`
+    (read by F.silu when it runs), and every later silu of its batch traced as a relu. Only
+    code the static policy lets through shares a child now."""
+    steering = make_task("return x * 3.0", header="import sys\n"
+                         "sys.modules['filters.sandbox.trace_batch'].changed = lambda before, now: False\n"
+                         "torch._C._nn.silu = lambda x, *rest: torch.relu(x)")
+    victims = [make_task("return torch.nn.functional.silu(x) * 2.0", constants=f"batch_size = {8 + i}\nfeatures = 32")
+               for i in range(3)]
+    graphs = trace_in_batches([steering, *victims], pool, tmp_path / "graphs", batch=32)
+    for graph in graphs[1:]:
+        assert graph.split() == ["silu", "mul"], graph

@@ -1,0 +1,90 @@
+"""A batch of traces shares one sandboxed child (filters/sandbox/trace_batch.py): a task that
+changes the process for the tasks after it must be seen, wherever in torch it changes it.
+Each attack below made a later task's conv or silu trace as something else, unseen by the
+batch's guards before they read every torch namespace and the dispatcher."""
+import textwrap
+
+import pytest
+
+VICTIM = textwrap.dedent("""\
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+
+        def forward(self, x):
+            return F.silu(self.conv(x)).sum(-1)
+
+
+    def get_inputs():
+        return [torch.rand(2, 3, 10, 10)]
+
+
+    def get_init_inputs():
+        return []
+    """)
+
+# Each runs when its task loads (an external task has passed no static check).
+STEERING = {
+    "nn.Conv2d's module global F": """
+        import types
+        import torch.nn.modules.conv as conv
+        conv.F = types.SimpleNamespace(conv2d=lambda x, w, b, *settings: torch.tanh(x[:, :1, 1:-1, 1:-1]).expand(
+            -1, w.shape[0], -1, -1))
+        """,
+    "a global forward hook": """
+        import torch.nn.modules.module as module
+        module.register_module_forward_hook(
+            lambda layer, args, out: torch.sigmoid(out) if type(layer).__name__ == "Conv2d" else None)
+        """,
+    "a C function F.silu calls": "torch._C._nn.silu = lambda x, *rest: torch.relu(x)",
+    "a dispatcher kernel": """
+        import torch.nn.modules.module as module
+        module.kept = torch.library.Library("aten", "IMPL")
+        module.kept.impl("silu", lambda x: torch.ops.aten.relu.default(x), "CPU")
+        """,
+    "a name new to nn.Conv2d": "nn.Conv2d.__call__ = lambda self, x: torch.sigmoid(self._conv_forward(x, self.weight, self.bias))",
+}
+
+
+def steering_task(header: str) -> str:
+    return textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        {header}
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return x * 3.0
+
+
+        def get_inputs():
+            return [torch.rand(4, 8)]
+
+
+        def get_init_inputs():
+            return []
+        """).format(header=textwrap.dedent(header))
+
+
+def traced_batch(pool, codes: list[str]) -> dict:
+    [result] = pool.run_many([{"code": "", "config": {"trace_batch": codes}}])
+    assert result["passed"], result
+    return result["metrics"]
+
+
+def test_a_batch_that_no_task_changed_keeps_every_trace(pool):
+    metrics = traced_batch(pool, [VICTIM, VICTIM.replace("(2, 3", "(3, 3")])
+    assert metrics["traced"] == 2 and not metrics["steered"], metrics
+    assert metrics["op_graph_0"] == metrics["op_graph_1"] == "convolution silu sum"
+
+
+@pytest.mark.parametrize("attack", STEERING)
+def test_a_task_that_steers_torch_for_later_tasks_is_seen(pool, attack):
+    metrics = traced_batch(pool, [steering_task(STEERING[attack]), VICTIM, VICTIM.replace("(2, 3", "(3, 3")])
+    assert metrics["steered"] and metrics["traced"] == 0, metrics
