@@ -49,6 +49,15 @@ STEERING = {
         module.kept.impl("silu", lambda x: torch.ops.aten.relu.default(x), "CPU")
         """,
     "a name new to nn.Conv2d": "nn.Conv2d.__call__ = lambda self, x: torch.sigmoid(self._conv_forward(x, self.weight, self.bias))",
+    # a thread could change what later traces read while they run; one running C holds no frame
+    "a thread of its own": """
+        import threading, time
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        """,
+    "a raw thread running C": """
+        import _thread, time
+        _thread.start_new_thread(time.sleep, (60,))
+        """,
 }
 
 
@@ -88,3 +97,4 @@ def test_a_batch_that_no_task_changed_keeps_every_trace(pool):
 def test_a_task_that_steers_torch_for_later_tasks_is_seen(pool, attack):
     metrics = traced_batch(pool, [steering_task(STEERING[attack]), VICTIM, VICTIM.replace("(2, 3", "(3, 3")])
     assert metrics["steered"] and metrics["traced"] == 0, metrics
+
