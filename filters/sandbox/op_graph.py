@@ -459,15 +459,26 @@ class _Equivalences:
         if same is not None:
             self.alias[op] = same
             return
-        found = found or self._composite(op, window) or self._affine(op, window) or self._contraction(op, window)
+        found = found or self._composite(op, window) or self._composite_of_inside(op, window) \
+            or self._affine(op, window) or self._contraction(op, window)
         if found:
             self.named[op], self.reads[op] = found
             self.absorbed |= self._between(op, min(found[1], key=lambda n: n.index))
 
-    def _window(self, op) -> list:
+    def _composite_of_inside(self, op, window):
+        """A composite of a value inside an earlier recognised run, when nothing outside is
+        one: `tanh(x - s)` written `2 sigmoid(2 (x - s)) - 1` reads `x - s`, which the affine
+        map `2 (x - s)` of x took in first; a clamp can take in the value a later tanh reads
+        the same way. What the earlier run named is then read by nothing, and the ops up to
+        the value read are spelled as they are."""
+        inside = self._window(op, inside=True)
+        return self._composite(op, inside) if len(inside) > len(window) else None
+
+    def _window(self, op, inside: bool = False) -> list:
         """The variable nodes `op` depends on, no more than WINDOW ops back, earliest first;
         a node that is an earlier value's is a candidate too (the batch twice is still twice
-        the batch: a matrix product of it has twice the rows)."""
+        the batch: a matrix product of it has twice the rows). The inside of a recognised
+        run is left out unless `inside`."""
         seen, frontier = set(), list(self.inputs[op])
         while frontier:
             node = frontier.pop()
@@ -476,7 +487,7 @@ class _Equivalences:
             seen.add(node)
             if node.target is not None:
                 frontier.extend(self.inputs[node])
-        return sorted((n for n in seen if n.variable and _is_float(n.value) and n not in self.absorbed),
+        return sorted((n for n in seen if n.variable and _is_float(n.value) and (inside or n not in self.absorbed)),
                       key=lambda n: n.index)
 
     def _sample(self, node) -> torch.Tensor:
@@ -726,7 +737,7 @@ def _dim_tests(target: torch.Tensor) -> list:
     for dims, groups in _norm_dims(target):
         if _normalised(_group_view(target, groups) if groups else target, (2,) if groups else dims, 0, "norm"):
             tests.append((norm_name(target.dim(), dims, groups),
-                          lambda source, dims=dims, groups=groups: close(_normalise(source, dims, groups), target, 2e-3)))
+                          lambda source, dims=dims, groups=groups: _is_norm_of(source, target, dims, groups)))
     return tests
 
 
@@ -756,8 +767,8 @@ def _normalised(view: torch.Tensor, dims, _groups, kind: str) -> bool:
             ok = torch.logsumexp(part, along).abs().max() < 1e-4 if len(along) == 1 else \
                 torch.logsumexp(part.flatten(1), 1).abs().max() < 1e-4
         else:
-            mean, var = part.mean(along), part.var(along, unbiased=False)
-            ok = mean.abs().max() < 1e-3 and (var - 1).abs().max() < 1e-2
+            mean, var = part.mean(along), part.var(along, unbiased=False)  # under 1 by the eps
+            ok = mean.abs().max() < 1e-3 and var.min() > 1e-3 and var.max() < 1 + 1e-2
         if not ok:
             return False
     return True
@@ -770,6 +781,7 @@ def _norm_dims(target: torch.Tensor):
         yield tuple(range(first, ndim)), 0
     if ndim >= 3:
         yield (0, *range(2, ndim)), 0
+    if ndim >= 2:  # a group norm of features alone (after a Linear) has groups too
         channels = target.shape[1]
         for groups in range(2, channels):
             if channels % groups == 0:
@@ -780,10 +792,23 @@ def _group_view(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.reshape(x.shape[0], groups, -1)
 
 
-def _normalise(x: torch.Tensor, dims, groups) -> torch.Tensor:
-    view, along = (_group_view(x, groups), (2,)) if groups else (x, dims)
+MAX_EPS = 1e-2  # the largest eps a normalisation is taken to add to the variance
+
+
+def _is_norm_of(source: torch.Tensor, target: torch.Tensor, dims, groups) -> bool:
+    """`target` is `(source - mean) / sqrt(var + eps)` along `dims` (or in `groups`), for
+    one eps in [0, MAX_EPS] whatever it is (1e-5, 1e-6, 1e-12: every library and hand has
+    its own; on a small variance it decides the value). The eps is read off the fibre of
+    least variance, where it weighs most, and the whole is then checked with it."""
+    along = (2,) if groups else dims
+    view = _group_view(source, groups) if groups else source
     mean, var = view.mean(along, keepdim=True), view.var(along, unbiased=False, keepdim=True)
-    return ((view - mean) / torch.sqrt(var + 1e-5)).reshape(x.shape)
+    reached = (_group_view(target, groups) if groups else target).var(along, unbiased=False, keepdim=True)
+    if reached.min() <= 0:
+        return False
+    least = int(var.reshape(-1).argmin())
+    eps = max(float(var.reshape(-1)[least] * (1 / reached.reshape(-1)[least] - 1)), 0.0)
+    return eps <= MAX_EPS and close(((view - mean) / torch.sqrt(var + eps)).reshape(source.shape), target, 2e-3)
 
 
 def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
