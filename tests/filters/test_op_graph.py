@@ -75,6 +75,40 @@ def test_silu_only_when_the_multiplication_takes_the_sigmoids_own_input():
     assert ops(lambda x: torch.sigmoid(x) * (x + 1.0)) == ["sigmoid", "add", "mul"]
 
 
+
+@pytest.mark.parametrize("library, written", [
+    (lambda x: torch.tanh(x - 0.5), lambda x: 2 * torch.sigmoid(2 * (x - 0.5)) - 1),
+    (lambda x: torch.tanh(x * 3.0), lambda x: 2 * torch.sigmoid(2 * (x * 3.0)) - 1),
+    (lambda x: torch.sigmoid(x + 3.0), lambda x: (torch.tanh((x + 3.0) / 2) + 1) / 2),
+    (lambda x: torch.tanh(torch.clamp(F.silu(x) / 2, -1, 1)),
+     lambda x: 2 * torch.sigmoid(2 * torch.clamp(F.silu(x) / 2, -1, 1)) - 1),
+])
+def test_a_written_composite_of_scaled_or_shifted_input_is_that_composite(library, written):
+    """The written form's own first step (2 (x - s)) is an affine map of x, or a clamp of an
+    earlier value: the composite reads the value that step took in."""
+    assert ops(written) == ops(library)
+    assert ops(library)[-1] in ("tanh", "sigmoid")
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12, 1e-3])
+def test_a_norm_is_named_whatever_its_eps_on_values_of_small_variance(eps):
+    small = lambda x: x * 0.003  # noqa: E731  a variance (1e-5) the eps weighs on
+    written = lambda x: (lambda y: (y - y.mean((2, 3), keepdim=True))  # noqa: E731
+                         / torch.sqrt(y.var((2, 3), unbiased=False, keepdim=True) + eps))(small(x))
+    library = ops(lambda x: F.instance_norm(small(x), eps=eps))
+    assert ops(written) == library and library[-1] == "instance_norm"  # the scale: nothing, where eps is nothing
+
+
+def test_centering_alone_is_not_a_norm():
+    assert "instance_norm" not in ops(lambda x: (x * 0.5) - (x * 0.5).mean((2, 3), keepdim=True))
+
+
+def test_a_group_norm_of_features_is_a_group_norm_however_written():
+    written = lambda x: (lambda g: ((g - g.mean(2, keepdim=True))  # noqa: E731
+                                    / torch.sqrt(g.var(2, unbiased=False, keepdim=True) + 1e-5)).reshape(x.shape))(
+        x.reshape(x.shape[0], 4, -1))
+    assert ops(written, shape=(4, 16)) == ops(lambda x: F.group_norm(x, 4), shape=(4, 16)) == ["group_norm"]
+
 @pytest.mark.parametrize("written", [
     lambda x: torch.einsum("...k,nk->...n", x, LINEAR.weight) + LINEAR.bias,
     lambda x: (x.unsqueeze(-2) * LINEAR.weight).sum(-1) + LINEAR.bias,
