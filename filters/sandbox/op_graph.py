@@ -378,10 +378,17 @@ def close(a: torch.Tensor, b: torch.Tensor, tolerance: float = 2e-4) -> bool:
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
+    """Relative to the larger magnitude of the two (a softmax over 8,192 values is all
+    under 1e-3: a tolerance of 2e-4 in absolute terms would find it equal to anything that
+    small); NaN and infinities must match where they are."""
     difference = (a - b).abs().max()
-    if torch.isnan(difference):
-        return bool(torch.equal(a.isnan(), b.isnan())) and _close(a.nan_to_num(), b.nan_to_num(), tolerance)
-    return bool(difference <= tolerance * (1.0 + b.abs().max()))
+    scale = torch.maximum(a.abs().max(), b.abs().max())
+    if torch.isfinite(difference) and torch.isfinite(scale):
+        return bool(difference <= tolerance * scale)
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
+        return False
+    return not bool(finite.any()) or _close(a[finite], b[finite], tolerance)
 
 
 class _Equivalences:
@@ -472,7 +479,10 @@ class _Equivalences:
         the same way. What the earlier run named is then read by nothing, and the ops up to
         the value read are spelled as they are."""
         inside = self._window(op, inside=True)
-        return self._composite(op, inside) if len(inside) > len(window) else None
+        found = self._composite(op, inside) if len(inside) > len(window) else None
+        # 2 sigmoid(x) is the 1 + tanh(x / 2) a written sigmoid passes through: equal to a
+        # value inside is no composite of it (a relu of what is all positive)
+        return None if found is None or self._same(op, found[1][0]) else found
 
     def _window(self, op, inside: bool = False) -> list:
         """The variable nodes `op` depends on, no more than WINDOW ops back, earliest first;
@@ -527,7 +537,8 @@ class _Equivalences:
         if node not in self.images:
             self.images[node] = torch.stack([f(source) for _, f in ELEMENTWISE])
         images = self.images[node]
-        hits = ((images - target).abs().amax(dim=1) <= 2e-4 * (1.0 + target.abs().max())).nonzero().flatten()
+        scale = torch.maximum(images.abs().amax(dim=1), target.abs().max())
+        hits = ((images - target).abs().amax(dim=1) <= 2e-4 * scale).nonzero().flatten()
         for hit in hits.tolist():
             name, f = ELEMENTWISE[hit]
             if close(f(node.value.float()), op.value):
@@ -835,7 +846,7 @@ def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, .
     b = ym - a * xm
     if not close(a * x + b, y):
         return None
-    scaled, shifted = not close(a, torch.ones_like(a)), not close(b, torch.zeros_like(b), 1e-4)
+    scaled, shifted = not close(a, torch.ones_like(a)), bool(b.abs().max() > 1e-4 * y.abs().max())
     return ("mul",) * scaled + ("add",) * shifted or None
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from filters.sandbox.harness import trace
+from filters.sandbox.harness import _small_batch, trace
 from filters.sandbox.op_graph import op_graph
 from filters.sandbox.static_check import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
@@ -89,6 +89,19 @@ def test_a_written_composite_of_scaled_or_shifted_input_is_that_composite(librar
     assert ops(written) == ops(library)
     assert ops(library)[-1] in ("tanh", "sigmoid")
 
+
+
+def test_a_value_inside_a_written_composite_is_not_named_for_equalling_it():
+    """2 sigmoid(x) equals the 1 + tanh(x / 2) a written sigmoid passes through: a relu of
+    that (it is all positive) would be nothing at all, not a composite."""
+    assert ops(lambda x: (torch.tanh(x / 2) + 1) / 2 * 2.0 + x) == ops(lambda x: torch.sigmoid(x) * 2.0 + x) \
+        == ["sigmoid", "mul", "add"]
+
+
+def test_values_all_near_zero_are_compared_by_their_own_size():
+    """A softmax over 8,192 values is all under 1e-3: one of a GELU is not one of its input."""
+    assert ops(lambda x: torch.softmax(F.gelu(x), -1), shape=(4, 8192)) == ["gelu", "softmax"]
+    assert ops(lambda x: torch.softmax(x, -1), shape=(4, 8192)) == ["softmax"]
 
 @pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12, 1e-3])
 def test_a_norm_is_named_whatever_its_eps_on_values_of_small_variance(eps):
@@ -261,3 +274,13 @@ def test_every_equivalent_disguise_computes_the_original_and_traces_the_same(kin
 def test_a_kind_with_nothing_to_rewrite_says_so():
     with pytest.raises(NotApplicable):
         EQUIVALENTS["conv_unfold"]((FIXTURES / "1_Linear_GELU_LayerNorm.py").read_text())
+
+
+
+def test_a_task_that_names_its_batch_otherwise_is_traced_at_a_small_batch():
+    code = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            "        return torch.relu(x)\n\nrows = 65536\nwidth = 512\n\n"
+            "def get_inputs():\n    return [torch.randn(rows, width)]\n\ndef get_init_inputs():\n    return []\n")
+    small = _small_batch(code)
+    assert "rows = 4\n" in small and "width = 512\n" in small
+    assert trace(code) == "relu"
