@@ -418,6 +418,9 @@ class _Equivalences:
             for node in self.inputs[op]:
                 self.users.setdefault(node, set()).add(op)
         self.absorbed: set = set()  # the inside of a recognised composite: no later value is read from there
+        # the inside of an affine map: generic arithmetic folded, so a later value equal to one
+        # of these is that value (`(x + b) * 4 * 0.25`: `* 4` folds `x + b` in, `* 0.25` is it)
+        self.folded: set = set()
         self.samples: dict = {}
         self.images: dict = {}
         for op in self.ops:
@@ -463,14 +466,21 @@ class _Equivalences:
         if found and self._same(op, found[1][0]):  # a relu of what is all positive: nothing at all
             found = None
         same = None if found else next((node for node in window if self._same(op, node)), None)
+        if same is None and not found and self.folded:
+            same = next((node for node in self._window(op, inside=True) if node in self.folded
+                         and self._same(op, node)), None)
         if same is not None:
             self.alias[op] = same
             return
-        found = found or self._composite(op, window) or self._composite_of_inside(op, window) \
-            or self._affine(op, window) or self._contraction(op, window)
+        found = found or self._composite(op, window) or self._composite_of_inside(op, window)
+        affine = None if found else self._affine(op, window)
+        found = found or affine or self._contraction(op, window)
         if found:
             self.named[op], self.reads[op] = found
-            self.absorbed |= self._between(op, min(found[1], key=lambda n: n.index))
+            inside = self._between(op, min(found[1], key=lambda n: n.index))
+            self.absorbed |= inside
+            if affine:
+                self.folded |= inside
 
     def _composite_of_inside(self, op, window):
         """A composite of a value inside an earlier recognised run, when nothing outside is

@@ -148,10 +148,18 @@ def test_eval_batch_norm_is_a_scale_and_a_shift_however_written():
     lambda x: torch.tanh(x * 4.0 * 0.25),
     lambda x: (lambda y: (y[:4] + y[4:]) / 2)(torch.tanh(torch.cat([x, x]))),
     lambda x: torch.tanh(x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)),
+    lambda x: torch.tanh(x) * 4.0 * 0.25,
 ])
 def test_round_trips_and_the_batch_twice_are_no_computation(rewrite):
     assert ops(rewrite) == ops(torch.tanh) == ["tanh"]
 
+
+
+def test_a_round_trip_after_a_shift_is_no_computation():
+    """`* 4` folds the shift before it into one affine map; `* 0.25` gives the shifted value back."""
+    shift = torch.randn(8, 1, 1)
+    assert ops(lambda x: (torch.relu(x) + shift) * 4.0 * 0.25) == ops(lambda x: torch.relu(x) + shift) \
+        == ["relu", "add"]
 
 def test_what_does_not_reach_the_output_is_not_computed():
     def guarded(x):
