@@ -507,7 +507,7 @@ class _Equivalences:
             seen.add(node)
             if node.target is not None:
                 frontier.extend(self.inputs[node])
-        return sorted((n for n in seen if n.variable and _is_float(n.value) and (inside or n not in self.absorbed)),
+        return sorted((n for n in seen if n.variable and _is_numeric(n.value) and (inside or n not in self.absorbed)),
                       key=lambda n: n.index)
 
     def _sample(self, node) -> torch.Tensor:
@@ -736,6 +736,13 @@ def _affine_tail(names: list) -> list:
 def _uniform(value: torch.Tensor) -> bool:
     flat = value.reshape(-1)
     return bool(torch.equal(flat[:1].expand_as(flat), flat))
+
+
+def _is_numeric(value) -> bool:
+    """A value an op's value may equal or be a function of: indices too (`argmax(x) * 4.0 * 0.25`
+    is the argmax, made float)."""
+    return isinstance(value, torch.Tensor) and value.dtype != torch.bool and not value.is_complex() \
+        and value.numel() > 0 and value.device.type != "meta"
 
 
 def _is_float(value) -> bool:

@@ -161,6 +161,10 @@ def test_a_round_trip_after_a_shift_is_no_computation():
     assert ops(lambda x: (torch.relu(x) + shift) * 4.0 * 0.25) == ops(lambda x: torch.relu(x) + shift) \
         == ["relu", "add"]
 
+
+def test_a_round_trip_of_indices_is_no_computation():
+    assert ops(lambda x: torch.argmax(x, 1) * 4.0 * 0.25) == ops(lambda x: torch.argmax(x, 1)) == ["argmax"]
+
 def test_what_does_not_reach_the_output_is_not_computed():
     def guarded(x):
         unused = torch.exp(x).sum()  # computed, then dropped
