@@ -753,7 +753,7 @@ def _is_float(value) -> bool:
 def _dim_tests(target: torch.Tensor) -> list:
     """(name, test of a source) for what `target` could be along its dimensions: softmax,
     log-softmax, the normalisations. Asked of one fibre of the target first (sums to one,
-    mean 0 and variance 1), so that most ops have no test to run on their sources."""
+    mean 0 and variance up to 1), so that most ops have no test to run on their sources."""
     tests = []
     for dim in range(target.dim()):
         if target.shape[dim] < 2:
@@ -785,7 +785,7 @@ def _fibre(target: torch.Tensor, dims) -> torch.Tensor:
 
 def _normalised(view: torch.Tensor, dims, _groups, kind: str) -> bool:
     """What `kind` makes along `dims` holds of the first fibre, then of the whole: sums to
-    one (softmax), log-sum-exp zero (log-softmax), mean 0 and variance 1 (a norm)."""
+    one (softmax), log-sum-exp zero (log-softmax), mean 0 and variance up to 1, under it by the eps (a norm)."""
     if all(view.shape[d] == 1 for d in dims):
         return False
     for part in (_fibre(view, dims).unsqueeze(0), view):
