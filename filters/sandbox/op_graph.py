@@ -378,10 +378,17 @@ def close(a: torch.Tensor, b: torch.Tensor, tolerance: float = 2e-4) -> bool:
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
+    """Relative to the larger magnitude of the two (a softmax over 8,192 values is all
+    under 1e-3: a tolerance of 2e-4 in absolute terms would find it equal to anything that
+    small); NaN and infinities must match where they are."""
     difference = (a - b).abs().max()
-    if torch.isnan(difference):
-        return bool(torch.equal(a.isnan(), b.isnan())) and _close(a.nan_to_num(), b.nan_to_num(), tolerance)
-    return bool(difference <= tolerance * (1.0 + b.abs().max()))
+    scale = torch.maximum(a.abs().max(), b.abs().max())
+    if torch.isfinite(difference) and torch.isfinite(scale):
+        return bool(difference <= tolerance * scale)
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
+        return False
+    return not bool(finite.any()) or _close(a[finite], b[finite], tolerance)
 
 
 class _Equivalences:
@@ -411,6 +418,9 @@ class _Equivalences:
             for node in self.inputs[op]:
                 self.users.setdefault(node, set()).add(op)
         self.absorbed: set = set()  # the inside of a recognised composite: no later value is read from there
+        # the inside of an affine map: generic arithmetic folded, so a later value equal to one
+        # of these is that value (`(x + b) * 4 * 0.25`: `* 4` folds `x + b` in, `* 0.25` is it)
+        self.folded: set = set()
         self.samples: dict = {}
         self.images: dict = {}
         for op in self.ops:
@@ -456,18 +466,39 @@ class _Equivalences:
         if found and self._same(op, found[1][0]):  # a relu of what is all positive: nothing at all
             found = None
         same = None if found else next((node for node in window if self._same(op, node)), None)
+        if same is None and not found and self.folded:
+            same = next((node for node in self._window(op, inside=True) if node in self.folded
+                         and self._same(op, node)), None)
         if same is not None:
             self.alias[op] = same
             return
-        found = found or self._composite(op, window) or self._affine(op, window) or self._contraction(op, window)
+        found = found or self._composite(op, window) or self._composite_of_inside(op, window)
+        affine = None if found else self._affine(op, window)
+        found = found or affine or self._contraction(op, window)
         if found:
             self.named[op], self.reads[op] = found
-            self.absorbed |= self._between(op, min(found[1], key=lambda n: n.index))
+            inside = self._between(op, min(found[1], key=lambda n: n.index))
+            self.absorbed |= inside
+            if affine:
+                self.folded |= inside
 
-    def _window(self, op) -> list:
+    def _composite_of_inside(self, op, window):
+        """A composite of a value inside an earlier recognised run, when nothing outside is
+        one: `tanh(x - s)` written `2 sigmoid(2 (x - s)) - 1` reads `x - s`, which the affine
+        map `2 (x - s)` of x took in first; a clamp can take in the value a later tanh reads
+        the same way. What the earlier run named is then read by nothing, and the ops up to
+        the value read are spelled as they are."""
+        inside = self._window(op, inside=True)
+        found = self._composite(op, inside) if len(inside) > len(window) else None
+        # 2 sigmoid(x) is the 1 + tanh(x / 2) a written sigmoid passes through: equal to a
+        # value inside is no composite of it (a relu of what is all positive)
+        return None if found is None or self._same(op, found[1][0]) else found
+
+    def _window(self, op, inside: bool = False) -> list:
         """The variable nodes `op` depends on, no more than WINDOW ops back, earliest first;
         a node that is an earlier value's is a candidate too (the batch twice is still twice
-        the batch: a matrix product of it has twice the rows)."""
+        the batch: a matrix product of it has twice the rows). The inside of a recognised
+        run is left out unless `inside`."""
         seen, frontier = set(), list(self.inputs[op])
         while frontier:
             node = frontier.pop()
@@ -476,7 +507,7 @@ class _Equivalences:
             seen.add(node)
             if node.target is not None:
                 frontier.extend(self.inputs[node])
-        return sorted((n for n in seen if n.variable and _is_float(n.value) and n not in self.absorbed),
+        return sorted((n for n in seen if n.variable and _is_numeric(n.value) and (inside or n not in self.absorbed)),
                       key=lambda n: n.index)
 
     def _sample(self, node) -> torch.Tensor:
@@ -516,7 +547,8 @@ class _Equivalences:
         if node not in self.images:
             self.images[node] = torch.stack([f(source) for _, f in ELEMENTWISE])
         images = self.images[node]
-        hits = ((images - target).abs().amax(dim=1) <= 2e-4 * (1.0 + target.abs().max())).nonzero().flatten()
+        scale = torch.maximum(images.abs().amax(dim=1), target.abs().max())
+        hits = ((images - target).abs().amax(dim=1) <= 2e-4 * scale).nonzero().flatten()
         for hit in hits.tolist():
             name, f = ELEMENTWISE[hit]
             if close(f(node.value.float()), op.value):
@@ -636,8 +668,9 @@ class _Equivalences:
                 for b in (w, w.mT):
                     if a.shape[-1] != b.shape[-2] or _matmul_shape(a, b) != tuple(target.shape):
                         continue
-                    rows = slice(0, 3)
-                    if close(a[..., rows, :] @ b, target[..., rows, :], 1e-3):
+                    rows, columns = slice(0, 3), slice(0, 16)  # a corner first: a weight can be 8192 x 8192
+                    if close(a[..., :1, :] @ b[..., columns], target[..., :1, columns], 1e-3) \
+                            and close(a[..., rows, :] @ b, target[..., rows, :], 1e-3):
                         return ("mm",), [node] + ([weight] if weight.variable else [])
         return None
 
@@ -705,6 +738,13 @@ def _uniform(value: torch.Tensor) -> bool:
     return bool(torch.equal(flat[:1].expand_as(flat), flat))
 
 
+def _is_numeric(value) -> bool:
+    """A value an op's value may equal or be a function of: indices too (`argmax(x) * 4.0 * 0.25`
+    is the argmax, made float)."""
+    return isinstance(value, torch.Tensor) and value.dtype != torch.bool and not value.is_complex() \
+        and value.numel() > 0 and value.device.type != "meta"
+
+
 def _is_float(value) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 0 \
         and value.device.type != "meta"
@@ -713,7 +753,7 @@ def _is_float(value) -> bool:
 def _dim_tests(target: torch.Tensor) -> list:
     """(name, test of a source) for what `target` could be along its dimensions: softmax,
     log-softmax, the normalisations. Asked of one fibre of the target first (sums to one,
-    mean 0 and variance 1), so that most ops have no test to run on their sources."""
+    mean 0 and variance up to 1), so that most ops have no test to run on their sources."""
     tests = []
     for dim in range(target.dim()):
         if target.shape[dim] < 2:
@@ -726,7 +766,7 @@ def _dim_tests(target: torch.Tensor) -> list:
     for dims, groups in _norm_dims(target):
         if _normalised(_group_view(target, groups) if groups else target, (2,) if groups else dims, 0, "norm"):
             tests.append((norm_name(target.dim(), dims, groups),
-                          lambda source, dims=dims, groups=groups: close(_normalise(source, dims, groups), target, 2e-3)))
+                          lambda source, dims=dims, groups=groups: _is_norm_of(source, target, dims, groups)))
     return tests
 
 
@@ -745,7 +785,7 @@ def _fibre(target: torch.Tensor, dims) -> torch.Tensor:
 
 def _normalised(view: torch.Tensor, dims, _groups, kind: str) -> bool:
     """What `kind` makes along `dims` holds of the first fibre, then of the whole: sums to
-    one (softmax), log-sum-exp zero (log-softmax), mean 0 and variance 1 (a norm)."""
+    one (softmax), log-sum-exp zero (log-softmax), mean 0 and variance up to 1, under it by the eps (a norm)."""
     if all(view.shape[d] == 1 for d in dims):
         return False
     for part in (_fibre(view, dims).unsqueeze(0), view):
@@ -756,8 +796,8 @@ def _normalised(view: torch.Tensor, dims, _groups, kind: str) -> bool:
             ok = torch.logsumexp(part, along).abs().max() < 1e-4 if len(along) == 1 else \
                 torch.logsumexp(part.flatten(1), 1).abs().max() < 1e-4
         else:
-            mean, var = part.mean(along), part.var(along, unbiased=False)
-            ok = mean.abs().max() < 1e-3 and (var - 1).abs().max() < 1e-2
+            mean, var = part.mean(along), part.var(along, unbiased=False)  # under 1 by the eps
+            ok = mean.abs().max() < 1e-3 and var.min() > 1e-3 and var.max() < 1 + 1e-2
         if not ok:
             return False
     return True
@@ -770,6 +810,7 @@ def _norm_dims(target: torch.Tensor):
         yield tuple(range(first, ndim)), 0
     if ndim >= 3:
         yield (0, *range(2, ndim)), 0
+    if ndim >= 2:  # a group norm of features alone (after a Linear) has groups too
         channels = target.shape[1]
         for groups in range(2, channels):
             if channels % groups == 0:
@@ -780,10 +821,23 @@ def _group_view(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.reshape(x.shape[0], groups, -1)
 
 
-def _normalise(x: torch.Tensor, dims, groups) -> torch.Tensor:
-    view, along = (_group_view(x, groups), (2,)) if groups else (x, dims)
+MAX_EPS = 1e-2  # the largest eps a normalisation is taken to add to the variance
+
+
+def _is_norm_of(source: torch.Tensor, target: torch.Tensor, dims, groups) -> bool:
+    """`target` is `(source - mean) / sqrt(var + eps)` along `dims` (or in `groups`), for
+    one eps in [0, MAX_EPS] whatever it is (1e-5, 1e-6, 1e-12: every library and hand has
+    its own; on a small variance it decides the value). The eps is read off the fibre of
+    least variance, where it weighs most, and the whole is then checked with it."""
+    along = (2,) if groups else dims
+    view = _group_view(source, groups) if groups else source
     mean, var = view.mean(along, keepdim=True), view.var(along, unbiased=False, keepdim=True)
-    return ((view - mean) / torch.sqrt(var + 1e-5)).reshape(x.shape)
+    reached = (_group_view(target, groups) if groups else target).var(along, unbiased=False, keepdim=True)
+    if reached.min() <= 0:
+        return False
+    least = int(var.reshape(-1).argmin())
+    eps = max(float(var.reshape(-1)[least] * (1 / reached.reshape(-1)[least] - 1)), 0.0)
+    return eps <= MAX_EPS and close(((view - mean) / torch.sqrt(var + eps)).reshape(source.shape), target, 2e-3)
 
 
 def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
@@ -809,7 +863,7 @@ def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, .
     b = ym - a * xm
     if not close(a * x + b, y):
         return None
-    scaled, shifted = not close(a, torch.ones_like(a)), not close(b, torch.zeros_like(b), 1e-4)
+    scaled, shifted = not close(a, torch.ones_like(a)), bool(b.abs().max() > 1e-4 * y.abs().max())
     return ("mul",) * scaled + ("add",) * shifted or None
 
 

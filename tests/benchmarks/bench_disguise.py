@@ -53,9 +53,10 @@ def main() -> None:
               f"in {time.perf_counter() - began:.0f} s")
         index = SimilarityIndex(reference.fingerprints)
         textual_index = SimilarityIndex([replace(fp, graph="") for fp in reference.fingerprints])
-        disguises(reference, index, textual_index, pool, cache, args.threshold, args.kinds, args.levels)
+        copies = disguises(reference, index, textual_index, pool, cache, args.threshold, args.kinds, args.levels)
         false_positives(reference, args.threshold)
-        if args.no_templates:
+        if args.no_templates:  # the traced disguised copies stand in for candidates: all are near a reference task
+            speed([fp for fp, _ in copies], [code for _, code in copies], index, args.threshold)
             return
         codes = ([path.read_text() for path in sorted(Path(args.tasks).glob("*.py"))][:args.candidates] if args.tasks
                  else template_codes(args.candidates, 0))
@@ -64,10 +65,12 @@ def main() -> None:
     speed(fingerprints, codes, index, args.threshold)
 
 
-def disguises(reference, index, textual_index, pool, cache, threshold, kinds=None, levels=(1, 2, 3)) -> None:
+def disguises(reference, index, textual_index, pool, cache, threshold, kinds=None, levels=(1, 2, 3)) -> list:
     """Each kind of disguise of every task it applies to (a written form needs the op it
-    rewrites), traced and matched against the whole reference."""
+    rewrites), traced and matched against the whole reference. Returns the traced copies,
+    (fingerprint, code)."""
     print(f"\ndisguised copies of every task caught above {threshold} (textual alone -> combined):")
+    traced_copies = []
     for kind, disguise in {**KINDS, **REWRITES, **EQUIVALENTS}.items():
         if kinds and kind not in kinds:
             continue
@@ -87,6 +90,8 @@ def disguises(reference, index, textual_index, pool, cache, threshold, kinds=Non
         missed = [fp.name for fp in prints if fp.graph and index.match(fp, threshold).similarity <= threshold]
         print(f"  {kind:14s} {textual:3d} -> {combined:3d} of {len(prints)} ({untraced} copies not traceable)"
               + (f"; missed: {', '.join(n.split(' ')[0] for n in missed[:6])}" if missed else ""), flush=True)
+        traced_copies += [(fp, code) for fp, (_, code) in zip(prints, copies) if fp.graph]
+    return traced_copies
 
 
 def false_positives(reference, threshold) -> None:

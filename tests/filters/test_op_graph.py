@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from filters.sandbox.harness import trace
+from filters.sandbox.harness import _small_batch, trace
 from filters.sandbox.op_graph import op_graph
 from filters.sandbox.static_check import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
@@ -75,6 +75,53 @@ def test_silu_only_when_the_multiplication_takes_the_sigmoids_own_input():
     assert ops(lambda x: torch.sigmoid(x) * (x + 1.0)) == ["sigmoid", "add", "mul"]
 
 
+
+@pytest.mark.parametrize("library, written", [
+    (lambda x: torch.tanh(x - 0.5), lambda x: 2 * torch.sigmoid(2 * (x - 0.5)) - 1),
+    (lambda x: torch.tanh(x * 3.0), lambda x: 2 * torch.sigmoid(2 * (x * 3.0)) - 1),
+    (lambda x: torch.sigmoid(x + 3.0), lambda x: (torch.tanh((x + 3.0) / 2) + 1) / 2),
+    (lambda x: torch.tanh(torch.clamp(F.silu(x) / 2, -1, 1)),
+     lambda x: 2 * torch.sigmoid(2 * torch.clamp(F.silu(x) / 2, -1, 1)) - 1),
+])
+def test_a_written_composite_of_scaled_or_shifted_input_is_that_composite(library, written):
+    """The written form's own first step (2 (x - s)) is an affine map of x, or a clamp of an
+    earlier value: the composite reads the value that step took in."""
+    assert ops(written) == ops(library)
+    assert ops(library)[-1] in ("tanh", "sigmoid")
+
+
+
+def test_a_value_inside_a_written_composite_is_not_named_for_equalling_it():
+    """2 sigmoid(x) equals the 1 + tanh(x / 2) a written sigmoid passes through: a relu of
+    that (it is all positive) would be nothing at all, not a composite."""
+    assert ops(lambda x: (torch.tanh(x / 2) + 1) / 2 * 2.0 + x) == ops(lambda x: torch.sigmoid(x) * 2.0 + x) \
+        == ["sigmoid", "mul", "add"]
+
+
+def test_values_all_near_zero_are_compared_by_their_own_size():
+    """A softmax over 8,192 values is all under 1e-3: one of a GELU is not one of its input."""
+    assert ops(lambda x: torch.softmax(F.gelu(x), -1), shape=(4, 8192)) == ["gelu", "softmax"]
+    assert ops(lambda x: torch.softmax(x, -1), shape=(4, 8192)) == ["softmax"]
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12, 1e-3])
+def test_a_norm_is_named_whatever_its_eps_on_values_of_small_variance(eps):
+    small = lambda x: x * 0.003  # noqa: E731  a variance (1e-5) the eps weighs on
+    written = lambda x: (lambda y: (y - y.mean((2, 3), keepdim=True))  # noqa: E731
+                         / torch.sqrt(y.var((2, 3), unbiased=False, keepdim=True) + eps))(small(x))
+    library = ops(lambda x: F.instance_norm(small(x), eps=eps))
+    assert ops(written) == library and library[-1] == "instance_norm"  # the scale: nothing, where eps is nothing
+
+
+def test_centering_alone_is_not_a_norm():
+    assert "instance_norm" not in ops(lambda x: (x * 0.5) - (x * 0.5).mean((2, 3), keepdim=True))
+
+
+def test_a_group_norm_of_features_is_a_group_norm_however_written():
+    written = lambda x: (lambda g: ((g - g.mean(2, keepdim=True))  # noqa: E731
+                                    / torch.sqrt(g.var(2, unbiased=False, keepdim=True) + 1e-5)).reshape(x.shape))(
+        x.reshape(x.shape[0], 4, -1))
+    assert ops(written, shape=(4, 16)) == ops(lambda x: F.group_norm(x, 4), shape=(4, 16)) == ["group_norm"]
+
 @pytest.mark.parametrize("written", [
     lambda x: torch.einsum("...k,nk->...n", x, LINEAR.weight) + LINEAR.bias,
     lambda x: (x.unsqueeze(-2) * LINEAR.weight).sum(-1) + LINEAR.bias,
@@ -101,10 +148,22 @@ def test_eval_batch_norm_is_a_scale_and_a_shift_however_written():
     lambda x: torch.tanh(x * 4.0 * 0.25),
     lambda x: (lambda y: (y[:4] + y[4:]) / 2)(torch.tanh(torch.cat([x, x]))),
     lambda x: torch.tanh(x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)),
+    lambda x: torch.tanh(x) * 4.0 * 0.25,
 ])
 def test_round_trips_and_the_batch_twice_are_no_computation(rewrite):
     assert ops(rewrite) == ops(torch.tanh) == ["tanh"]
 
+
+
+def test_a_round_trip_after_a_shift_is_no_computation():
+    """`* 4` folds the shift before it into one affine map; `* 0.25` gives the shifted value back."""
+    shift = torch.randn(8, 1, 1)
+    assert ops(lambda x: (torch.relu(x) + shift) * 4.0 * 0.25) == ops(lambda x: torch.relu(x) + shift) \
+        == ["relu", "add"]
+
+
+def test_a_round_trip_of_indices_is_no_computation():
+    assert ops(lambda x: torch.argmax(x, 1) * 4.0 * 0.25) == ops(lambda x: torch.argmax(x, 1)) == ["argmax"]
 
 def test_what_does_not_reach_the_output_is_not_computed():
     def guarded(x):
@@ -227,3 +286,13 @@ def test_every_equivalent_disguise_computes_the_original_and_traces_the_same(kin
 def test_a_kind_with_nothing_to_rewrite_says_so():
     with pytest.raises(NotApplicable):
         EQUIVALENTS["conv_unfold"]((FIXTURES / "1_Linear_GELU_LayerNorm.py").read_text())
+
+
+
+def test_a_task_that_names_its_batch_otherwise_is_traced_at_a_small_batch():
+    code = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            "        return torch.relu(x)\n\nrows = 65536\nwidth = 512\n\n"
+            "def get_inputs():\n    return [torch.randn(rows, width)]\n\ndef get_init_inputs():\n    return []\n")
+    small = _small_batch(code)
+    assert "rows = 4\n" in small and "width = 512\n" in small
+    assert trace(code) == "relu"
