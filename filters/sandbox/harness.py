@@ -118,7 +118,11 @@ def trace(code: str) -> str | None:
     kernel) is it traced on the meta device, and only a task that passes the static check,
     whose grammar refuses a forward that asks its tensors' device (`impure_forward`)."""
     graph = None
-    for small in dict.fromkeys((_small_problem(code), _small_batch(code))):
+    try:
+        smaller = dict.fromkeys((_small_problem(code), _small_batch(code)))
+    except Exception:  # code that does not parse: nothing to trace
+        return None
+    for small in smaller:
         try:
             graph = _traced(small, "cpu")
         except Exception:  # sizes the model cannot take, an op without a CPU kernel, ...
@@ -180,8 +184,9 @@ def _small_problem(code: str) -> str:
     4096 x 512 x 512 took 35 s of CPU, and the worker stops one at 20 s), and a power of two
     keeps what the constants' ratios and divisors were. A task whose model cannot be built
     so is traced at its widths (`_small_batch`)."""
+    batch = _batch_name(code)
     shrunk = {name: value >> _halvings(value) for name, value in int_constants(code).items()
-              if name != RESIZE_CONSTANT and value >= SHRINK_FROM and _halvings(value)}
+              if name != batch and value >= SHRINK_FROM and _halvings(value)}
     code = _small_batch(code)
     return with_constants(code, shrunk) if shrunk else code
 
@@ -198,11 +203,15 @@ def _small_batch(code: str) -> str:
     """`code` at batch size SMALL_BATCH at most: real tensors cost memory and time, and a batch
     of a few samples still has parts for a task that splits it (one sample would leave an
     empty half, which some ops refuse)."""
-    name = RESIZE_CONSTANT if RESIZE_CONSTANT in size_constants(code) else _first_input_size(code)
-    batch = _int_constants(code).get(name)
+    name = _batch_name(code)
+    batch = int_constants(code).get(name)
     if batch is None or batch <= SMALL_BATCH:
         return code
     return with_constants(code, {name: SMALL_BATCH})
+
+
+def _batch_name(code: str) -> str | None:
+    return RESIZE_CONSTANT if RESIZE_CONSTANT in size_constants(code) else _first_input_size(code)
 
 
 def _first_input_size(code: str) -> str | None:
@@ -222,13 +231,3 @@ def _first_input_size(code: str) -> str | None:
             return first.id
     return None
 
-
-def _int_constants(code: str) -> dict[str, int]:
-    """Every module-level `NAME = <int>`."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return {}
-    return {node.targets[0].id: node.value.value for node in tree.body
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.Constant) and type(node.value.value) is int}

@@ -54,7 +54,8 @@ def kind_of(name: str) -> str | None:
 
 
 def size_constants(code: str) -> dict[str, int]:
-    """The module-level `NAME = <int>` constants whose name says what they size, by name."""
+    """The module-level `NAME = <int>` constants (or int arithmetic: `_integer`) whose name
+    says what they size, by name."""
     return {name: value for name, value in int_constants(code).items() if kind_of(name) and value > 0}
 
 
@@ -165,8 +166,25 @@ def with_constants(code: str, values: dict[str, int]) -> str:
 def _is_constant(node: cst.SimpleStatementLine) -> cst.Assign | None:
     statement = node.body[0] if len(node.body) == 1 else None
     if (isinstance(statement, cst.Assign) and len(statement.targets) == 1
-            and isinstance(statement.targets[0].target, cst.Name) and isinstance(statement.value, cst.Integer)):
+            and isinstance(statement.targets[0].target, cst.Name) and _integer(statement.value) is not None):
         return statement
+    return None
+
+
+# The arithmetic of a written size (`M = 256 * 8`, `N = 1 << 14`, `2 ** 14`): its value is read and set as one int.
+_ARITHMETIC = {cst.Multiply: lambda a, b: a * b, cst.Add: lambda a, b: a + b, cst.Subtract: lambda a, b: a - b,
+               cst.FloorDivide: lambda a, b: a // b if b else None, cst.LeftShift: lambda a, b: a << b if 0 <= b < 40 else None,
+               cst.Power: lambda a, b: a ** b if 0 <= b < 40 and abs(a) <= 1 << 20 else None}
+
+
+def _integer(node: cst.BaseExpression) -> int | None:
+    """The value of an int literal, or of + - * // << ** between them; None for anything else."""
+    if isinstance(node, cst.Integer):
+        return int(node.evaluated_value)
+    if isinstance(node, cst.BinaryOperation) and type(node.operator) in _ARITHMETIC:
+        left, right = _integer(node.left), _integer(node.right)
+        if left is not None and right is not None:
+            return _ARITHMETIC[type(node.operator)](left, right)
     return None
 
 
@@ -179,7 +197,7 @@ class _Constants(cst.CSTVisitor):
     def visit_Module(self, node: cst.Module) -> bool:
         for statement in node.body:
             if isinstance(statement, cst.SimpleStatementLine) and (assign := _is_constant(statement)):
-                self.values[assign.targets[0].target.value] = int(assign.value.evaluated_value)
+                self.values[assign.targets[0].target.value] = _integer(assign.value)
         return False
 
 
