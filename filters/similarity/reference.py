@@ -164,10 +164,13 @@ def _git_revision(path: Path) -> str | None:
 
 
 def _checkout_name(path: Path) -> str | None:
-    """`OWNER/NAME` of the checkout whose top is `path`, from its origin's address, else None."""
+    """`OWNER/NAME` of the checkout whose top is `path`, from its origin's address, else None
+    (also when the origin is a folder of this machine: a clone of a local copy)."""
     if not path.is_dir() or _git_revision(path) is None:
         return None
-    origin = _git(path, "config", "--get", "remote.origin.url")
+    origin = _git(path, "config", "--get", "remote.origin.url") or ""
+    if origin.startswith(("file:", "/", ".")):
+        return None
     match = re.search(r"([\w.-]+/[\w.-]+?)(?:\.git)?/?$", origin or "")
     return match.group(1) if match else None
 

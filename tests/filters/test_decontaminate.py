@@ -107,6 +107,11 @@ def test_a_reference_is_named_by_what_it_is_never_by_a_local_path(tmp_path):
     head = subprocess.run(["git", "-C", str(own), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert checkout.name == "ScalingIntelligence/KernelBench" and checkout.revision == head
     assert str(tmp_path) not in checkout.name + checkout.revision + copy.name + copy.revision
+    # a clone of a local copy: its origin is a folder of this machine, which names nothing
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", f"file://{own}", str(clone)], check=True, capture_output=True)
+    cloned = load_reference(str(clone), (1,))
+    assert cloned.name == "KernelBench" and cloned.revision == head
 
 
 def test_dedupe_command_flags_disguised_copies_and_not_unrelated_tasks(tmp_path, capsys):
