@@ -45,6 +45,9 @@ CASES = {
     "redundant_op": (make_task("return torch.clamp(torch.sigmoid(x), max=2.0)"), FAST),  # never binds
     "resized": (make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 1\nfeatures = 256"),
                 {"compile": False}),
+    # in the window as written: with target_ratio set, grown until a precise measure is near the target
+    "aimed": (make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 64\nfeatures = 256"),
+              {"compile": False, "window_ms": [0.001, 1000.0], "target_ms": 5.0, "target_ratio": 1.5}),
     "resized_by_batch": (make_task("return x.reshape(x.shape[0], 4, 64).sum(-1)",
                                    constants="batch_size = 1\nfeatures = 256"), {"compile": False}),
     # an RMSNorm as transformers writes it: its float32 casts are no-ops here, not redundant ops
@@ -64,7 +67,7 @@ def results(pool):
 EXPECTED = {"remembers_first_input": "nondeterministic", "remembers_in_module_state": "nondeterministic"}
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in ("accepted", "resized", "resized_by_batch", "casts_kept")])
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("accepted", "resized", "aimed", "resized_by_batch", "casts_kept")])
 def test_each_execution_reason(results, name):
     result = results[name]
     assert not result["passed"]
@@ -96,6 +99,14 @@ def test_a_too_fast_task_is_resized_into_the_window_as_a_whole_problem_of_real_s
     assert constants["batch_size"] > 1 and constants["batch_size"] % 8 == 0 and in_ladders(constants["batch_size"])
     assert in_ladders(constants["features"])
     assert result["metrics"]["resize_scope"] == "whole"
+
+
+def test_with_target_ratio_a_task_in_the_window_is_grown_until_a_precise_measure_is_near_the_target(results):
+    result = results["aimed"]
+    assert result["passed"], result
+    metrics = result["metrics"]
+    assert metrics["resized"] and metrics["batch_size"] > 64
+    assert 5.0 / 1.5 <= metrics["eager_ms"] or metrics["resize_rounds"] == 8, metrics
 
 
 def test_a_task_whose_widths_are_fixed_is_resized_by_its_batch_alone(results):
