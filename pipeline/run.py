@@ -100,10 +100,18 @@ def run(cfg: RunConfig) -> dict:
         log.info("resuming: %d candidates already decided in %s", len(records), setup.staging)
 
     invocation = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    ledger = lambda decided: record_invocation(setup.staging, invocation, time.monotonic() - started,  # noqa: E731
-                                               decided - resumed[0])
+    decided_so_far = [resumed[0]]
+
+    def ledger(decided: int) -> None:
+        decided_so_far[0] = decided
+        record_invocation(setup.staging, invocation, time.monotonic() - started, decided - resumed[0])
+
     with Progress(cfg.num_samples, sum(v.passed for _, v in records)) as status:
-        stop_reason, records, down = _rounds(setup, records, next_index, status, ledger)
+        try:
+            stop_reason, records, down = _rounds(setup, records, next_index, status, ledger)
+        except BaseException:  # interrupted: its time counts in the run's stats, with the rounds it finished
+            ledger(decided_so_far[0])
+            raise
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
     ledger(len(records))

@@ -1,5 +1,6 @@
 """A run killed with SIGKILL and started again with the same command finishes with no lost
 and no duplicated samples (issue 8's acceptance, on the multi-process DirectRunner)."""
+import json
 import os
 import signal
 import subprocess
@@ -66,5 +67,10 @@ def test_ctrl_c_mid_validation_stops_the_run_at_once_and_ends_its_sandbox_worker
     assert time.monotonic() - interrupted < 15, "the exit waited for the jobs under way"
     assert run.returncode == 130, stderr[-2000:]
     assert "interrupted; finished work is kept" in stderr
+    # its time counts in the run's stats, though it finished no round (an H200 call interrupted
+    # mid-round was missing from the resumed run's accepted/h)
+    ledger = json.loads((tmp_path / "run" / ".staging" / "invocations.json").read_text())
+    assert [entry["decided"] for entry in ledger.values()] == [0]
+    assert list(ledger.values())[0]["wall_time_s"] > 1.0
     _, alive = psutil.wait_procs(sandbox, timeout=10)
     assert not alive
