@@ -47,6 +47,11 @@ LAYOUT_ONLY = frozenset({
     "unsqueeze_copy", "view_copy", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "new_zeros",
     "new_ones", "new_empty", "new_full", "real", "tensor_split",
 })
+# Bounds a task writes (a clamp, a minimum with a constant): kept where they do not bind on the
+# trace's values, which say nothing of a kernel's inputs (KernelBench's Matmul_Min_Subtract
+# traced as a bare Linear, and every Linear with an epilogue matched it at 1.0).
+BOUNDING = frozenset({"clamp", "clamp_min", "clamp_max", "minimum", "maximum", "min", "max", "fmin", "fmax",
+                      "hardtanh", "relu6"})
 SELECTION = frozenset({"where", "gt", "lt", "ge", "le", "eq", "ne", "masked_fill", "logical_not", "logical_and",
                        "logical_or", "isnan", "isinf", "isfinite"})
 # The composites whose decompositions (torch's own) `_composite_runs` records, to name a hand-written run.
@@ -465,8 +470,9 @@ class _Equivalences:
         found = self._composite(op, window) if layout else None
         if found and self._same(op, found[1][0]):  # a relu of what is all positive: nothing at all
             found = None
-        same = None if found else next((node for node in window if self._same(op, node)), None)
-        if same is None and not found and self.folded:
+        bounding = not BOUNDING.isdisjoint(canonical(op))
+        same = None if found or bounding else next((node for node in window if self._same(op, node)), None)
+        if same is None and not found and not bounding and self.folded:
             same = next((node for node in self._window(op, inside=True) if node in self.folded
                          and self._same(op, node)), None)
         if same is not None:

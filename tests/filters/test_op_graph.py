@@ -296,3 +296,13 @@ def test_a_task_that_names_its_batch_otherwise_is_traced_at_a_small_batch():
     small = _small_batch(code)
     assert "rows = 4\n" in small and "width = 512\n" in small
     assert trace(code) == "relu"
+
+
+@pytest.mark.parametrize("bounded", [lambda x: torch.minimum(x, torch.tensor(50.0)), lambda x: torch.clamp(x, -50, 50),
+                                     lambda x: F.hardtanh(x, -50.0, 50.0), lambda x: torch.min(x, torch.tensor(50.0))])
+def test_a_bound_that_never_binds_on_the_traced_values_is_still_part_of_the_computation(bounded):
+    """KernelBench's Matmul_Min_Subtract bounds a Linear's output at 2: on the trace's values
+    it never bound, the minimum vanished, and the task read as a bare Linear that every
+    Linear with an epilogue matched at 1.0. A kernel's inputs are not the trace's."""
+    assert ops(lambda x: bounded(x) - 2.0) == ["clamp", "add"]
+    assert ops(lambda x: x - 2.0) == ["add"]
