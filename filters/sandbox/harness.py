@@ -8,6 +8,7 @@ import ast
 import gc
 import math
 import os
+import re
 
 import torch
 
@@ -184,17 +185,23 @@ def _small_problem(code: str) -> str:
     4096 x 512 x 512 took 35 s of CPU, and the worker stops one at 20 s), and a power of two
     keeps what the constants' ratios and divisors were. A task whose model cannot be built
     so is traced at its widths (`_small_batch`)."""
-    batch = _batch_name(code)
-    shrunk = {name: value >> _halvings(value) for name, value in int_constants(code).items()
-              if name != batch and value >= SHRINK_FROM and _halvings(value)}
+    batch, constants = _batch_name(code), int_constants(code)
+    splits = {name: value for name, value in constants.items() if re.search("group|head", name, re.IGNORECASE)}
+    shrunk = {}
+    for name, value in constants.items():
+        # a width split in groups or heads (a constant so named that divides it) keeps 8 to a
+        # group: a group norm of groups of one or two is no norm to recognise
+        floor = max([SMALL_EXTENT, *(8 * d for d in splits.values() if d > 1 and value % d == 0)])
+        if name not in {*splits, batch} and value >= SHRINK_FROM and _halvings(value, floor):
+            shrunk[name] = value >> _halvings(value, floor)
     code = _small_batch(code)
     return with_constants(code, shrunk) if shrunk else code
 
 
-def _halvings(value: int) -> int:
-    """How many times `value` halves evenly and stays at least SMALL_EXTENT."""
+def _halvings(value: int, floor: int) -> int:
+    """How many times `value` halves evenly and stays at least `floor`."""
     times = 0
-    while value % 2 == 0 and value // 2 >= SMALL_EXTENT:
+    while value % 2 == 0 and value // 2 >= floor:
         value, times = value // 2, times + 1
     return times
 

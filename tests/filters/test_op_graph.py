@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from filters.sandbox import harness
 from filters.sandbox.harness import _small_batch, trace
 from filters.sandbox.op_graph import op_graph
 from filters.sandbox.static_check import static_check
@@ -306,3 +307,41 @@ def test_a_bound_that_never_binds_on_the_traced_values_is_still_part_of_the_comp
     Linear with an epilogue matched at 1.0. A kernel's inputs are not the trace's."""
     assert ops(lambda x: bounded(x) - 2.0) == ["clamp", "add"]
     assert ops(lambda x: x - 2.0) == ["add"]
+
+
+def test_a_trace_shrinks_widths_but_keeps_a_group_of_eight_per_group_or_head():
+    """A trace shrinks every large module-level int (harness._small_problem: 4096 x 4096
+    norms took 35 s); a width split in 64 groups shrunk to 16 left groups of one, no group
+    norm to recognise, and a hand-written group norm read as arithmetic."""
+    code = '''import torch
+import torch.nn as nn
+
+batch_size = 1024
+in_features = 1024
+out_features = 4096
+num_groups = 64
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.norm = nn.GroupNorm(num_groups, out_features)
+
+    def forward(self, x):
+        return self.norm(self.linear(x))
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return []
+'''
+    written = code.replace("return self.norm(self.linear(x))", """h = self.linear(x).reshape(x.shape[0], num_groups, -1)
+        h = (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + 1e-5)
+        return h.reshape(x.shape[0], -1) * self.norm.weight + self.norm.bias""")
+    small = harness._small_problem(code)
+    assert "num_groups = 64\n" in small and "out_features = 512\n" in small and "batch_size = 4\n" in small
+    assert trace(code) == trace(written) == "mm add group_norm mul add"
