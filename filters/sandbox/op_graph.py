@@ -475,6 +475,11 @@ class _Equivalences:
         if same is None and not found and not bounding and self.folded:
             same = next((node for node in self._window(op, inside=True) if node in self.folded
                          and self._same(op, node)), None)
+        if same is not None and layout and op.value.dim() == 4 and same.value.dim() != 4:
+            # a matrix product reshaped into an image is a convolution when it is one (unfold,
+            # a product, reshaped back, with no bias after it to be recognised at)
+            found = self._convolution(op, window, self._depends_on(op, 2))
+            same = None if found else same
         if same is not None:
             self.alias[op] = same
             return

@@ -345,3 +345,15 @@ def get_init_inputs():
     small = harness._small_problem(code)
     assert "num_groups = 64\n" in small and "out_features = 512\n" in small and "batch_size = 4\n" in small
     assert trace(code) == trace(written) == "mm add group_norm mul add"
+
+
+def test_a_convolution_written_as_unfold_and_a_product_with_no_bias_is_a_convolution():
+    """With no bias after it, the product reshaped back into an image was taken for the
+    product itself (the same values, reshaped), and never asked whether it is a convolution."""
+    conv = nn.Conv2d(8, 4, 3, bias=False)
+
+    def written(x):
+        columns = F.unfold(x, 3)
+        return (conv.weight.reshape(4, -1) @ columns).reshape(x.shape[0], 4, x.shape[2] - 2, x.shape[3] - 2)
+
+    assert ops(written, conv, shape=(4, 8, 10, 10)) == ops(conv, shape=(4, 8, 10, 10)) == ["convolution"]
