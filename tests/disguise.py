@@ -507,12 +507,23 @@ def round_trip(code: str) -> str:
 
 
 def batch_twice(code: str) -> str:
-    """The batch duplicated, computed once at twice the size, and the two halves averaged."""
+    """The batch duplicated, computed once at twice the size, and the two halves averaged:
+    the first input doubled, or else every input of its batch (a loss's prediction and
+    target both). An output without that batch in front (a loss's scalar) cannot be halved,
+    and is computed from the inputs as given."""
     def doubled(names):
-        first, rest = names[0], "".join(f", {n}" for n in names[1:])
-        return (f"n = {first}.shape[0]\n"
-                f"both = self.compute(torch.cat([{first}, {first}], dim=0){rest})\n"
-                f"return (both[:n] + both[n:]) / 2")
+        first = f"(torch.cat([{names[0]}, {names[0]}], dim=0), {''.join(n + ', ' for n in names[1:])})"
+        every = "(" + "".join(f"torch.cat([{n}, {n}], dim=0) if isinstance({n}, torch.Tensor) and {n}.dim() "
+                              f"and {n}.shape[0] == _n else {n}, " for n in names) + ")"
+        return (f"_n = {names[0]}.shape[0]\n"
+                f"for _inputs in ({first}, {every}):\n"
+                f"    try:\n"
+                f"        both = self.compute(*_inputs)\n"
+                f"    except Exception:\n"
+                f"        continue\n"
+                f"    if isinstance(both, torch.Tensor) and both.dim() and both.shape[0] == 2 * _n:\n"
+                f"        return (both[:_n] + both[_n:]) / 2\n"
+                f"return self.compute({', '.join(names)})")
     return _delegated(code, doubled)
 
 
