@@ -15,7 +15,7 @@ import torch
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
 from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
 from filters.sandbox.op_graph import op_graph
-from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, size_constants, with_constants
+from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, with_constants
 from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
@@ -120,7 +120,7 @@ def trace(code: str) -> str | None:
     whose grammar refuses a forward that asks its tensors' device (`impure_forward`)."""
     graph = None
     try:
-        smaller = dict.fromkeys((_small_problem(code), _small_batch(code)))
+        smaller = dict.fromkeys(_trace_sizes(code))
     except Exception:  # code that does not parse: nothing to trace
         return None
     for small in smaller:
@@ -179,13 +179,18 @@ def _generic_weights(model: torch.nn.Module) -> None:
             tensor.add_(torch.randn_like(tensor) * 0.2)
 
 
-def _small_problem(code: str) -> str:
-    """`code` at a small batch with its large constants shrunk (SHRINK_FROM): op_graph's
-    value comparisons cost seconds a tensor of KernelBench's full widths (a trace of 4096 x
-    4096 x 512 x 512 took 35 s of CPU, and the worker stops one at 20 s), and a power of two
-    keeps what the constants' ratios and divisors were. A task whose model cannot be built
-    so is traced at its widths (`_small_batch`)."""
-    batch, constants = _batch_name(code), int_constants(code)
+def _trace_sizes(code: str) -> tuple[str, str]:
+    """(the small problem, the small batch): `code` at a batch of SMALL_BATCH at most with its
+    large constants shrunk (SHRINK_FROM), and at that batch alone, from one reading of its
+    constants. op_graph's value comparisons cost seconds a tensor of KernelBench's full
+    widths (a trace of 4096 x 4096 x 512 x 512 took 35 s of CPU, and the worker stops one at
+    20 s), and a power of two keeps what the constants' ratios and divisors were. A task
+    whose model cannot be built so is traced at its widths, at the small batch: real
+    tensors cost memory and time, and a batch of a few samples still has parts for a task
+    that splits it (one sample would leave an empty half, which some ops refuse)."""
+    constants = int_constants(code)
+    batch = RESIZE_CONSTANT if constants.get(RESIZE_CONSTANT, 0) > 0 else _first_input_size(code)
+    small_batch = {batch: SMALL_BATCH} if (constants.get(batch) or 0) > SMALL_BATCH else {}
     splits = {name: value for name, value in constants.items() if re.search("group|head", name, re.IGNORECASE)}
     shrunk = {}
     for name, value in constants.items():
@@ -194,8 +199,8 @@ def _small_problem(code: str) -> str:
         floor = max([SMALL_EXTENT, *(8 * d for d in splits.values() if d > 1 and value % d == 0)])
         if name not in {*splits, batch} and value >= SHRINK_FROM and _halvings(value, floor):
             shrunk[name] = value >> _halvings(value, floor)
-    code = _small_batch(code)
-    return with_constants(code, shrunk) if shrunk else code
+    at_batch = with_constants(code, small_batch) if small_batch else code
+    return (with_constants(code, {**small_batch, **shrunk}) if shrunk else at_batch), at_batch
 
 
 def _halvings(value: int, floor: int) -> int:
@@ -204,21 +209,6 @@ def _halvings(value: int, floor: int) -> int:
     while value % 2 == 0 and value // 2 >= floor:
         value, times = value // 2, times + 1
     return times
-
-
-def _small_batch(code: str) -> str:
-    """`code` at batch size SMALL_BATCH at most: real tensors cost memory and time, and a batch
-    of a few samples still has parts for a task that splits it (one sample would leave an
-    empty half, which some ops refuse)."""
-    name = _batch_name(code)
-    batch = int_constants(code).get(name)
-    if batch is None or batch <= SMALL_BATCH:
-        return code
-    return with_constants(code, {name: SMALL_BATCH})
-
-
-def _batch_name(code: str) -> str | None:
-    return RESIZE_CONSTANT if RESIZE_CONSTANT in size_constants(code) else _first_input_size(code)
 
 
 def _first_input_size(code: str) -> str | None:
