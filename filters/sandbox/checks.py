@@ -197,7 +197,7 @@ class InTimingWindow(Check):
                 "target_ratio": None,
                 "max_task_memory_gb": 16.0,
                 # Memory the resize search may give one task in this worker (None: the task cap). The
-                # later checks hold a second model and more outputs, so a share's third is the limit.
+                # later checks hold a second model and more outputs: pipeline/devices.py gives half a share.
                 "memory_budget_gb": None,
                 # Timing holds the GPU alone while every other worker waits: 5 to 10 samples, ~50 ms of them.
                 "timing_budget_ms": 50.0, "warmup_ms": 20.0, "min_repeats": 5, "max_repeats": 10}
