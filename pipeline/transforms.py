@@ -168,7 +168,8 @@ class _ValidateFn(beam.DoFn):
 class Decontaminate(beam.PTransform):
     """Accepted records stay accepted when at most `threshold` similar to every reference
     task (the nearest one and its score are kept as metrics); the others become
-    `kernelbench_similar` rejects. Rejected records pass untouched."""
+    `kernelbench_similar` rejects, and those whose computation the sandbox could not trace
+    `untraced` ones. Rejected records pass untouched."""
 
     def __init__(self, reference: tuple, threshold: float):
         super().__init__()
@@ -191,6 +192,15 @@ class _DecontaminateFn(beam.DoFn):
             yield record
             return
         graph = verdict.metrics.get("op_graph")  # what the validated task computes, traced in the sandbox
+        if graph is None and self.index.graphs:
+            # a trace that failed or ran out of time leaves the text alone to compare, and a
+            # determined task can fail its trace (filters/sandbox/harness.py, trace)
+            count("decontaminate", "untraced")
+            yield candidate, replace(
+                verdict, stage="decontaminate", passed=False, reason="untraced",
+                detail="what it computes could not be traced in the sandbox, so it cannot be compared with "
+                       "the reference's computations; only its text could")
+            return
         match = self.index.match(fingerprint(verdict.code or candidate.code, candidate.id, graph), self.threshold)
         metrics = {**verdict.metrics, "kernelbench_max_similarity": match.similarity,
                    "kernelbench_nearest": match.nearest}

@@ -113,14 +113,15 @@ def trace(code: str) -> str | None:
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit.
 
-    On real tensors on the CPU, at a small batch size: the values let op_graph see what a
-    run of ops computes, and a task cannot tell a trace from a run (a branch on `x.is_meta`
-    would show a meta trace decoy ops). Only where that fails (too large, an op without a CPU
-    kernel) is it traced on the meta device, and only a task that passes the static check,
-    whose grammar refuses a forward that asks its tensors' device (`impure_forward`)."""
+    On real tensors on the CPU, at a small problem: the values let op_graph see what a run of
+    ops computes, and a task cannot tell a trace from a run (a branch on `x.is_meta` would
+    show a meta trace decoy ops). A trace at smaller sizes than the task's stands only where
+    the meta device shows the same ops at both; else the task is traced at its own sizes, on
+    real tensors and then, for a task that passes the static check (whose grammar refuses a
+    forward that asks its tensors' device, `impure_forward`), on meta."""
     graph = None
     try:
-        smaller = dict.fromkeys(_trace_sizes(code))
+        smaller = dict.fromkeys([*_trace_sizes(code), code])
     except Exception:  # code that does not parse: nothing to trace
         return None
     for small in smaller:
@@ -131,7 +132,7 @@ def trace(code: str) -> str | None:
         if small == code or _same_ops_at_its_sizes(code, small):
             return graph
     from filters.sandbox.static_check import static_check
-    if static_check(code) is not None:
+    if static_check(code) is not None:  # never a row: a reference task, or one `dedupe` was given
         return graph
     try:
         return _traced(code, "meta")
@@ -143,11 +144,13 @@ def _same_ops_at_its_sizes(code: str, small: str) -> bool:
     """Whether the task runs the same ops at the sizes of its trace as at its own, on the
     meta device (no memory, no arithmetic). The policy lets forward branch on a shape, and a
     red team's task ran a KernelBench layer at a batch over 4 and decoy ops at 4: the trace
-    read the decoy. Code the meta device cannot run (data-dependent ops) is taken as the same."""
+    read the decoy. Code the meta device cannot run (a data-dependent op such as
+    masked_select) is not taken as the same: with one, the red team's branch hid the
+    KernelBench layer again."""
     try:
         return _traced(small, "meta") == _traced(code, "meta")
     except Exception:
-        return True
+        return False
 
 
 def _traced(code: str, device: str) -> str:

@@ -230,3 +230,17 @@ def test_a_trace_reads_what_the_task_computes_at_its_own_batch_not_at_the_small_
     assert harness.trace(decoy) == harness.trace(honest) == "mm add relu mul"
     small = make_task("return torch.relu(self.linear(x)) * 2.0", init=linear, constants="batch_size = 4\nfeatures = 64")
     assert harness.trace(small) == "mm add relu mul"  # a task at the small batch already is traced as it is
+
+
+def test_a_data_dependent_op_does_not_hide_a_branch_on_the_batch_from_the_trace():
+    """The red team's answer to the test above: a masked_select in both branches, so that the
+    meta device cannot run the task at either size and the comparison was skipped. The trace
+    read the decoy again. A comparison that cannot run now sends the trace to the task's own
+    sizes, on real tensors."""
+    linear = "self.linear = nn.Linear(features, features)"
+    picked = " + x.masked_select(x > 0.5).sum()"
+    decoy = make_task("if x.shape[0] > 4:\n    return torch.relu(self.linear(x)) * 2.0" + picked + "\n"
+                      "return torch.cumsum(torch.tanh(x), dim=1) + torch.sigmoid(x)" + picked, init=linear)
+    honest = make_task("return torch.relu(self.linear(x)) * 2.0" + picked, init=linear)
+    graph = harness.trace(decoy)
+    assert graph == harness.trace(honest) and "relu" in graph and "cumsum" not in graph, graph

@@ -60,6 +60,34 @@ def test_decontaminate_rejects_a_disguised_copy_and_keeps_the_score_on_the_rest(
                               ("failed", "eager", "too_fast", None, True)]))
 
 
+def test_decontaminate_rejects_an_accepted_task_whose_trace_failed_when_the_reference_is_traced():
+    """A task can make its own trace fail (run past the trace's time limit, or take an op the
+    meta device cannot run at a size it hides a branch behind): it must not be left to the
+    text comparison alone, which a disguise passes."""
+    from pathlib import Path
+
+    from filters.similarity.reference import load_reference
+    from filters.similarity.score import with_graph
+    from pipeline.transforms import Decontaminate
+
+    reference_dir = Path(__file__).parents[1] / "fixtures" / "reference"
+    traced = tuple(with_graph(fp, "cumsum") for fp in load_reference(str(reference_dir)).fingerprints)
+    code = "import torch\nclass Model:\n    def forward(self, x):\n        return x.sort()[0]\n"
+    tasks = [Candidate(cid, ("torch.sort",), "torch#1", code, "template", 0, {"index": i})
+             for i, cid in enumerate(("traced", "untraced", "empty"))]
+    graphs = {"traced": "sort", "untraced": None, "empty": ""}  # "": traced, and none of its ops is named
+    records = [(c, Verdict(c.id, "accepted", True, metrics={"op_graph": graphs[c.id]})) for c in tasks]
+    with test_pipeline.TestPipeline() as p:
+        decided = p | beam.Create(records) | Decontaminate(traced, 0.9)
+        assert_that(decided | beam.MapTuple(lambda c, v: (c.id, v.reason or "accepted")),
+                    equal_to([("traced", "accepted"), ("untraced", "untraced"), ("empty", "accepted")]))
+    with test_pipeline.TestPipeline() as p:  # a reference that was not traced compares text alone, as before
+        untraced_reference = load_reference(str(reference_dir)).fingerprints
+        decided = p | beam.Create(records) | Decontaminate(untraced_reference, 0.9)
+        assert_that(decided | beam.MapTuple(lambda c, v: (c.id, v.reason or "accepted")),
+                    equal_to([("traced", "accepted"), ("untraced", "accepted"), ("empty", "accepted")]))
+
+
 def test_validation_streams_so_a_hanging_candidate_holds_back_no_other(cache_dir):
     """The hanging task comes first in its group and holds one of the two workers until its
     timeout; the other worker decides every quick task meanwhile, and their verdicts leave
