@@ -28,9 +28,11 @@ REJECT_GLOSSARY = {
     "impure_forward": "forward keeps or writes state, branches on tensor values or asks how it runs",
     **SANDBOX_REASONS, **glossary(),
     "kernelbench_similar": "too close to a KernelBench task",
+    "untraced": "what it computes could not be traced, so it could not be compared with KernelBench",
     "llm_error": "the LLM request failed for good", "no_code": "the answer held no code block",
     "missing_op": "the code does not use every requested op",
     "near_duplicate": "too close to an earlier accepted sample",
+    "surplus": "accepted, but its op count or library had filled its share of the rows asked for",
 }
 
 

@@ -56,6 +56,10 @@ class RunConfig:
     library_mix: dict = field(default_factory=lambda: {"transformers": 0.012})
     llm: dict = field(default_factory=lambda: dict(LLM_DEFAULTS))
     op_count_mix: dict = field(default_factory=lambda: dict(DEFAULT_OP_COUNT_MIX))
+    # How far (a share: 0.005 is half a point) a written op count's or library's share may be
+    # from its target; past it, a run with --num-samples accepted composes top-up rounds of
+    # what it lacks (pipeline/sampling.py). None: the rows are chosen from what was accepted.
+    mix_tolerance: float | None = None
     window_ms: list = field(default_factory=lambda: list(CHECK_DEFAULTS["window_ms"]))
     target_ms: float = CHECK_DEFAULTS["target_ms"]  # where re-sizing aims inside the window (KernelBench's median is ~3 ms)
     atol: float = CHECK_DEFAULTS["atol"]
@@ -88,6 +92,8 @@ class RunConfig:
         _require(mix and all(1 <= k <= 5 and v >= 0 for k, v in mix.items()) and sum(mix.values()) > 0,
                  f"op_count_mix must map op counts 1-5 to non-negative weights, not {self.op_count_mix}")
         self.op_count_mix = mix
+        _require(self.mix_tolerance is None or 0 <= self.mix_tolerance < 1,
+                 f"mix_tolerance must be a share in [0, 1) (0.005 is half a point), or unset, not {self.mix_tolerance}")
         settable = sorted(set(CHECK_DEFAULTS) - RUN_SETS)
         unknown = sorted(set(self.checks) - set(settable))
         _require(not unknown, f"unknown checks key(s) {', '.join(unknown)}; valid: {', '.join(settable)}")

@@ -41,7 +41,7 @@ from pipeline.out_dir import copy_to_remote, log_to, output_dir
 from pipeline.planning import plan_jobs
 from pipeline.progress import Progress
 from pipeline.run_info import run_info
-from pipeline.sampling import NoOpsSelected, select_ops, steer_config
+from pipeline.sampling import NoOpsSelected, mix_gaps, select_ops, steer_config, top_up_candidates, written_rows
 from pipeline.staging import (drop_near_duplicates, keep_before_endpoint_down, read_invocations, read_jsonl,
                               read_rounds, record_invocation, run_fingerprint, staging_dir)
 from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
@@ -49,6 +49,7 @@ from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates
 log = logging.getLogger("opsynth")
 MIN_YIELD = 0.1
 ROUND_PER_WORKER = 64
+MAX_TOP_UPS = 3  # rounds composed after --num-samples were accepted, to meet the mix (mix_tolerance)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def run(cfg: RunConfig) -> dict:
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
     ledger(len(records))
+    records = written_rows(records, cfg)
     info = run_info(cfg, device, reference, stop_reason, read_invocations(setup.staging), resumed,
                     sum(v.passed for _, v in records), sorted({spec.library for spec in catalog}))
     stats = write_dataset(out_dir, records, info, reference)
@@ -127,22 +129,17 @@ def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress, l
     """Compose and validate round after round, noting each in the run's `ledger`; returns
     (why it stopped, records, endpoint down?)."""
     cfg, catalog = setup.cfg, setup.catalog
-    down = None
+    down, top_ups = None, 0
     while True:
-        accepted = sum(v.passed for _, v in records)
-        if accepted >= cfg.num_samples:
-            stop_reason = f"reached --num-samples ({accepted} accepted, {cfg.num_samples} asked)"
+        stop_reason, size, top_up = plan_round(cfg, records, setup.workers, next_index, top_ups)
+        if stop_reason:
             break
-        if next_index >= cfg.max_candidates:
-            stop_reason = (f"reached --max-candidates ({cfg.max_candidates}) with {accepted} of "
-                           f"{cfg.num_samples} samples accepted")
-            break
-        size = round_size(cfg.num_samples - accepted, accepted, len(records), setup.workers,
-                          cfg.max_candidates - next_index)
+        top_ups += top_up
         steered = replace(setup, cfg=steer_config(cfg, records, size))  # the mix corrected by what was accepted
         jobs = plan_jobs(steered.cfg, catalog, records, next_index, size, setup.usage)
         if not jobs:
-            stop_reason = f"drew every op tuple the selected {len(catalog)} ops allow, with {accepted} accepted"
+            stop_reason = (f"drew every op tuple the selected {len(catalog)} ops allow, with "
+                           f"{sum(v.passed for _, v in records)} accepted")
             break
         path = setup.staging / f"round-{next_index:07d}-{next_index + len(jobs):07d}.jsonl"
         _run_round(steered, jobs, [c for c, _ in records], path)
@@ -157,6 +154,30 @@ def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress, l
                            "are kept; fix the endpoint and run the same command again to continue")
             break
     return stop_reason, records, down
+
+
+def plan_round(cfg: RunConfig, records: list, workers: int, next_index: int, top_ups: int) -> tuple[str, int, bool]:
+    """(why to stop, or "" to go on; the next round's size; whether it is a top-up round):
+    rounds go on until --num-samples are accepted and, with `mix_tolerance` set, until the
+    rows written can meet the mix (at most MAX_TOP_UPS rounds more), or --max-candidates."""
+    accepted = sum(v.passed for _, v in records)
+    top_up = top_up_candidates(records, cfg) if accepted >= cfg.num_samples else 0
+    if accepted >= cfg.num_samples and (not top_up or top_ups == MAX_TOP_UPS):
+        stop_reason = f"reached --num-samples ({accepted} accepted, {cfg.num_samples} asked)"
+        if top_up:
+            gaps = mix_gaps(written_rows(records, cfg), cfg)
+            stop_reason += (f"; after {top_ups} top-up rounds the mix is still off by "
+                            + ", ".join(f"{-gap:+.0f} {key}" for key, gap in gaps.items() if abs(gap) >= 1))
+        return stop_reason, 0, False
+    if next_index >= cfg.max_candidates:
+        return (f"reached --max-candidates ({cfg.max_candidates}) with {accepted} of "
+                f"{cfg.num_samples} samples accepted"), 0, False
+    if top_up:
+        log.info("%d accepted; top-up round %d of at most %d for the mix: %s", accepted, top_ups + 1, MAX_TOP_UPS,
+                 ", ".join(f"{key} {-gap:+.1f}" for key, gap in mix_gaps(written_rows(records, cfg), cfg).items()))
+    size = round_size(max(cfg.num_samples - accepted, 0), accepted, len(records), workers,
+                      cfg.max_candidates - next_index, top_up)
+    return "", size, bool(top_up)
 
 
 def llm_settings(cfg: RunConfig) -> LLMSettings | None:
@@ -231,13 +252,14 @@ def _external_id(code: str) -> str:
         return hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
-def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int) -> int:
+def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int, top_up: int = 0) -> int:
     """Enough candidates to reach the target at the yield seen so far (a guess of 50% at
-    first), at least one batch for every worker, never past --max-candidates. At most
-    ROUND_PER_WORKER a worker: a long run then keeps its work in staging round by round,
-    and composes a round while its pool waits for a few seconds, not for minutes."""
+    first), or the `top_up` candidates the mix lacks, at least one batch for every worker,
+    never past --max-candidates. At most ROUND_PER_WORKER a worker: a long run then keeps
+    its work in staging round by round, and composes a round while its pool waits for a
+    few seconds, not for minutes."""
     observed = accepted / decided if decided else 0.5
-    size = math.ceil(needed / max(observed, MIN_YIELD) * 1.2)
+    size = math.ceil(max(needed / max(observed, MIN_YIELD), top_up) * 1.2)
     return max(1, min(max(size, 2 * workers), ROUND_PER_WORKER * workers, remaining))
 
 

@@ -9,12 +9,19 @@ to what its count (or library) still lacks, divided by the rate at which the run
 accepted it so far (`steer`). It reads only the records of earlier rounds, so composition
 stays a pure function of (seed, index, earlier rounds' records): a resumed run composes the
 same candidates.
+
+Steering is noisy at the end of a run (a share of a few rows in 500 is decided by the last
+round's draws), so the rows written are chosen from all accepted (`written_rows`): each
+op count and each library of the mix gets its quota of --num-samples, the rest is surplus.
+With `mix_tolerance` set, a run whose accepted rows cannot fill the quotas that closely
+composes top-up rounds of what is lacking (`top_up_candidates`).
 """
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections import Counter
+import math
+from collections import Counter, defaultdict, deque
 
 from operators.records import Candidate, OpSpec, Verdict
 
@@ -43,18 +50,17 @@ def select_ops(catalog: list[OpSpec], patterns: list[str] | None) -> list[OpSpec
 
 # -- the target mix ------------------------------------------------------------------------
 
-def steer(target: dict, composed: Counter, accepted: Counter, goal: float) -> dict:
+def steer(target: dict, composed: Counter, accepted: Counter, goal: float, have: Counter | None = None) -> dict:
     """The shares a round should compose so that, by the time `goal` samples are accepted,
-    each key holds its `target` share of them: what each still lacks, divided by the rate at
-    which its candidates were accepted so far (smoothed toward the overall rate). When none
-    lacks anything, the target divided by those rates."""
-    total_composed, total_accepted = sum(composed.values()), sum(accepted.values())
-    if not total_accepted:
+    each key holds its `target` share of them: what each still lacks (of what it `has`
+    toward the goal: by default all it had accepted), divided by the rate at which its
+    candidates were accepted so far (smoothed toward the overall rate). When none lacks
+    anything, the target divided by those rates."""
+    if not sum(accepted.values()):
         return dict(target)
-    overall = total_accepted / total_composed
-    rate = {key: (accepted[key] + PRIOR_CANDIDATES * overall) / (composed[key] + PRIOR_CANDIDATES)
-            for key in target}
-    lacking = {key: max(0.0, share * goal - accepted[key]) for key, share in target.items()}
+    rate = _acceptance_rates(target, composed, accepted)
+    have = accepted if have is None else have
+    lacking = {key: max(0.0, share * goal - have[key]) for key, share in target.items()}
     if not any(lacking.values()):
         lacking = dict(target)
     wanted = {key: lacking[key] / rate[key] for key in target}
@@ -62,18 +68,36 @@ def steer(target: dict, composed: Counter, accepted: Counter, goal: float) -> di
     return {key: value / total for key, value in wanted.items()}
 
 
+def _acceptance_rates(target: dict, composed: Counter, accepted: Counter) -> dict:
+    overall = sum(accepted.values()) / max(1, sum(composed.values()))
+    return {key: (accepted[key] + PRIOR_CANDIDATES * overall) / (composed[key] + PRIOR_CANDIDATES) for key in target}
+
+
 def steer_config(cfg, records: list[tuple[Candidate, Verdict]], round_size: int):
     """`cfg` with the op-count and library mix a round of `round_size` candidates composes,
-    after `records` (every earlier round's), aiming at the accepted total it should reach."""
+    after `records` (every earlier round's), aiming at the accepted total it should reach
+    (once --num-samples are accepted, a top-up round aims at --num-samples: what the quotas
+    still lack)."""
     fresh = [(candidate, verdict) for candidate, verdict in records if candidate.ops]
     accepted = sum(verdict.passed for _, verdict in fresh)
     goal = accepted + round_size * (accepted / len(fresh) if fresh else 0.5)
-    op_counts = steer(cfg.op_count_mix, *_tallies(fresh, lambda candidate: len(candidate.ops)), goal)
-    libraries = {**{library: share for library, share in cfg.library_mix.items()},
-                 OTHERS: 1 - sum(cfg.library_mix.values())}
-    led = steer(libraries, *_tallies(fresh, lambda candidate: _lead(candidate, cfg.library_mix)), goal)
+    counts, leads = (None, None)
+    if accepted >= cfg.num_samples:  # a top-up: what the rows to be written lack
+        goal = cfg.num_samples
+        counts, leads = _held(written_rows(records, cfg), cfg)
+    op_counts = steer(_normalised(cfg.op_count_mix), *_tallies(fresh, _op_count), goal, counts)
+    led = steer(_library_target(cfg), *_tallies(fresh, lambda candidate: _lead(candidate, cfg.library_mix)), goal,
+                leads)
     led.pop(OTHERS)
     return dataclasses.replace(cfg, op_count_mix=op_counts, library_mix=led)
+
+
+def _op_count(candidate: Candidate) -> int:
+    return len(candidate.ops)
+
+
+def _library_target(cfg) -> dict:
+    return {**cfg.library_mix, OTHERS: max(0.0, 1 - sum(cfg.library_mix.values()))}
 
 
 def _tallies(records, key) -> tuple[Counter, Counter]:
@@ -89,6 +113,114 @@ def _lead(candidate: Candidate, library_mix: dict) -> str:
     the chains it leads (`data_source` names it)."""
     library = candidate.data_source.split("#")[0]
     return library if library in library_mix else OTHERS
+
+
+# -- the rows written ----------------------------------------------------------------------
+
+def written_rows(records: list[tuple[Candidate, Verdict]], cfg) -> list[tuple[Candidate, Verdict]]:
+    """`records` with at most --num-samples accepted: those that meet the mix best, each op
+    count and each library of the mix filled to its quota of --num-samples (earliest
+    candidates first), the others rejected as `surplus` (kept among the rejects, with every
+    measurement)."""
+    accepted = sorted((record for record in records if record[1].passed), key=_index)
+    if len(accepted) <= cfg.num_samples:
+        return records
+    kept = {id(record) for record in _choose(accepted, cfg)}
+    surplus = dict(stage="mix", passed=False, reason="surplus",
+                   detail=f"accepted, but its op count or library already fills its share of --num-samples "
+                          f"{cfg.num_samples}")
+    return [record if not record[1].passed or id(record) in kept else (record[0], dataclasses.replace(record[1], **surplus))
+            for record in records]
+
+
+def _choose(accepted: list, cfg) -> list:
+    """--num-samples of `accepted`: each library of the mix its quota first (the rarest
+    share), then the chains no library leads, then whatever is left; within each, the row
+    of the op count that lacks the most of its target."""
+    chosen, taken = [], Counter()
+    count_target = {count: share * cfg.num_samples for count, share in _normalised(cfg.op_count_mix).items()}
+    led = defaultdict(list)
+    for record in accepted:
+        led[_lead(record[0], cfg.library_mix)].append(record)
+    for library, quota in quotas(_library_target(cfg), cfg.num_samples).items():
+        if library != OTHERS:
+            _fill(led[library], quota, count_target, taken, chosen)
+    _fill(led[OTHERS], cfg.num_samples - len(chosen), count_target, taken, chosen)
+    picked = {id(record) for record in chosen}
+    _fill([record for record in accepted if id(record) not in picked], cfg.num_samples - len(chosen),
+          count_target, taken, chosen)
+    return chosen
+
+
+def _fill(rows: list, slots: int, count_target: dict, taken: Counter, chosen: list) -> None:
+    by_count = defaultdict(deque)
+    for record in rows:
+        by_count[_op_count(record[0])].append(record)
+    for _ in range(slots):
+        open_counts = [count for count, left in by_count.items() if left]
+        if not open_counts:
+            return
+        count = max(open_counts, key=lambda c: (count_target.get(c, 0.0) - taken[c], -c))
+        chosen.append(by_count[count].popleft())
+        taken[count] += 1
+
+
+def quotas(shares: dict, total: int) -> dict:
+    """`total` split in proportion to `shares` in whole numbers (largest remainders)."""
+    exact = {key: share * total for key, share in _normalised(shares).items()}
+    whole = {key: math.floor(value) for key, value in exact.items()}
+    by_remainder = sorted(exact, key=lambda key: whole[key] - exact[key])
+    for key in by_remainder[:total - sum(whole.values())]:
+        whole[key] += 1
+    return whole
+
+
+def mix_gaps(records: list[tuple[Candidate, Verdict]], cfg) -> dict:
+    """How far the accepted rows are from the target mix, in rows, for each op count and
+    each library of the mix (positive: lacking)."""
+    counts, leads = _held(records, cfg)
+    total = sum(counts.values())
+    gaps = {f"{count} ops": share * total - counts[count] for count, share in _normalised(cfg.op_count_mix).items()}
+    gaps.update({f"{library}-led": share * total - leads[library] for library, share in cfg.library_mix.items()})
+    return gaps
+
+
+def top_up_candidates(records: list[tuple[Candidate, Verdict]], cfg) -> int:
+    """Candidates a top-up round should compose so that the quotas of --num-samples can be
+    filled to within `mix_tolerance`: the rows each share of the rows to be written lacks,
+    divided by the rate its candidates were accepted at so far. 0 when the mix is met (or
+    no tolerance is set)."""
+    tolerance = getattr(cfg, "mix_tolerance", None)
+    if tolerance is None:
+        return 0
+    written = written_rows(records, cfg)
+    if all(abs(gap) <= max(1.0, tolerance * cfg.num_samples) for gap in mix_gaps(written, cfg).values()):
+        return 0
+    fresh = [(candidate, verdict) for candidate, verdict in records if candidate.ops]
+    needed = []
+    for target, key, have in zip((_normalised(cfg.op_count_mix), _library_target(cfg)),
+                                 (_op_count, lambda candidate: _lead(candidate, cfg.library_mix)),
+                                 _held(written, cfg)):
+        rate = _acceptance_rates(target, *_tallies(fresh, key))
+        needed.append(sum(max(0.0, share * cfg.num_samples - have[k]) / max(rate[k], 1e-3)
+                          for k, share in target.items()))
+    return max(1, math.ceil(max(needed)))
+
+
+def _held(records, cfg) -> tuple[Counter, Counter]:
+    """The accepted rows of `records` by op count and by leading library."""
+    accepted = [candidate for candidate, verdict in records if verdict.passed]
+    return (Counter(_op_count(candidate) for candidate in accepted),
+            Counter(_lead(candidate, cfg.library_mix) for candidate in accepted))
+
+
+def _normalised(shares: dict) -> dict:
+    total = sum(shares.values())
+    return {key: share / total for key, share in shares.items()}
+
+
+def _index(record) -> int:
+    return record[0].provenance.get("index", 0)
 
 
 # -- the LLM composer's op tuples ----------------------------------------------------------

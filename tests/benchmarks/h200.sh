@@ -6,7 +6,7 @@
 #   bash tests/benchmarks/h200.sh jail                          # the jailed sandbox on CUDA workers
 #   bash tests/benchmarks/h200.sh audit [SEEDS]                 # the seed audit alone
 #   bash tests/benchmarks/h200.sh runners CANDIDATES PROCESSES   # one Beam process vs multi-process
-#   bash tests/benchmarks/h200.sh ops6k SECONDS [SAMPLES]       # the ops6k recipe (template composer), resumed
+#   bash tests/benchmarks/h200.sh ops6k SECONDS [SAMPLES] [MAX]  # the ops6k recipe (template composer), resumed; MAX candidates in all
 #   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
 #   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
@@ -65,7 +65,9 @@ if [ "$STAGE" = ops6k ]; then
            --num-samples "$(cat /tmp/opsynth-cache/ops6k-samples 2>/dev/null || echo 6000)")
     export KERNELBENCH=$PWD/.kb/KernelBench
     start=$(date +%s.%N)
-    timeout -s INT -k 15 "${1:-480}" "${ops6k[@]}" 2>&1 | grep -v "^WARNING" | tail -4
+    # MAX bounds the call to whole rounds (a round cut by the time limit is lost)
+    bound=(); [ -n "${3:-}" ] && bound=(--max-candidates "$3")
+    timeout -s INT -k 15 "${1:-480}" "${ops6k[@]}" "${bound[@]}" 2>&1 | grep -v "^WARNING" | tail -4
     echo "ops6k call wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
     decided=$(cat /tmp/ops6k/.staging/round-*.jsonl 2>/dev/null | wc -l)
     # the rounds finished so far, written out as the dataset (it stops at once: nothing is left to compose)

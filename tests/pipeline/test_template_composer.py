@@ -40,7 +40,7 @@ def simulated_run(steered: bool, wanted: int = 500, workers: int = 8):
     from pipeline.run import round_size
     from pipeline.sampling import steer_config
 
-    cfg = RunConfig(op_count_mix=dict(DEFAULT_OP_COUNT_MIX), library_mix={"transformers": 0.012})
+    cfg = RunConfig(num_samples=wanted, op_count_mix=dict(DEFAULT_OP_COUNT_MIX), library_mix={"transformers": 0.012})
     records, seen = [], Counter()
     while sum(verdict.passed for _, verdict in records) < wanted:
         accepted = sum(verdict.passed for _, verdict in records)
