@@ -14,7 +14,7 @@ import torch
 
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
 from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
-from filters.sandbox.op_graph import op_graph
+from filters.sandbox.op_graph import op_graph, op_graph_and_drops
 from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, with_constants
 from filters.sandbox.worker import MAX_OP_GRAPH
 
@@ -116,9 +116,11 @@ def trace(code: str) -> str | None:
     On real tensors on the CPU, at a small problem: the values let op_graph see what a run of
     ops computes, and a task cannot tell a trace from a run (a branch on `x.is_meta` would
     show a meta trace decoy ops). A trace at smaller sizes than the task's stands only where
-    the meta device shows the same ops at both; else the task is traced at its own sizes, on
-    real tensors and then, for a task that passes the static check (whose grammar refuses a
-    forward that asks its tensors' device, `impure_forward`), on meta."""
+    the meta device shows the same ops at both and its values dropped no op (a value can
+    depend on the sizes: `relu(linear(x)) * (x.shape[1] - 16)` is zero at a width of 16);
+    else the task is traced at its own sizes, on real tensors and then, for a task that
+    passes the static check (whose grammar refuses a forward that asks its tensors' device,
+    `impure_forward`), on meta."""
     graph = None
     try:
         smaller = dict.fromkeys([*_trace_sizes(code), code])
@@ -126,16 +128,16 @@ def trace(code: str) -> str | None:
         return None
     for small in smaller:
         try:
-            graph = _traced(small, "cpu")
+            graph, dropped = _traced_and_drops(small)
         except Exception:  # sizes the model cannot take, an op without a CPU kernel, ...
             continue
-        if small == code or _same_ops_at_its_sizes(code, small):
+        if small == code or (not dropped and _same_ops_at_its_sizes(code, small)):
             return graph
     from filters.sandbox.static_check import static_check
     if static_check(code) is not None:  # never a row: a reference task, or one `dedupe` was given
         return graph
     try:
-        return _traced(code, "meta")
+        return _traced_on_meta(code)
     except Exception:  # data-dependent code has no value to decide by on meta
         return None
 
@@ -148,22 +150,29 @@ def _same_ops_at_its_sizes(code: str, small: str) -> bool:
     masked_select) is not taken as the same: with one, the red team's branch hid the
     KernelBench layer again."""
     try:
-        return _traced(small, "meta") == _traced(code, "meta")
+        return _traced_on_meta(small) == _traced_on_meta(code)
     except Exception:
         return False
 
 
-def _traced(code: str, device: str) -> str:
+def _traced_on_meta(code: str) -> str:
+    return " ".join(op_graph(*_built(code, "meta")))[:MAX_OP_GRAPH]
+
+
+def _traced_and_drops(code: str) -> tuple[str, list[str]]:
+    """On real tensors: (the trace, the ops its values dropped), op_graph_and_drops."""
+    model, inputs = _built(code, "cpu")
+    _generic_weights(model)
+    generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    graph, dropped = op_graph_and_drops(model, inputs, generic)
+    return " ".join(graph)[:MAX_OP_GRAPH], dropped
+
+
+def _built(code: str, device: str) -> tuple[torch.nn.Module, list]:
     task = load_task(code)
     torch.manual_seed(0)
     with torch.device(device):
-        model = task.Model(*task.get_init_inputs()).eval()
-        inputs = task.get_inputs()
-    if device != "cpu":
-        return " ".join(op_graph(model, inputs))[:MAX_OP_GRAPH]
-    _generic_weights(model)
-    generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-    return " ".join(op_graph(model, inputs, generic))[:MAX_OP_GRAPH]
+        return task.Model(*task.get_init_inputs()).eval(), task.get_inputs()
 
 
 @torch.no_grad()

@@ -75,14 +75,24 @@ def op_graph(model: torch.nn.Module, inputs: list, generic: list | None = None) 
     inputs to compare values on (signed: a relu of all-positive inputs looks like nothing),
     used when the task runs the same ops on them as on its own (its control flow does not
     ask its data)."""
+    return op_graph_and_drops(model, inputs, generic)[0]
+
+
+def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | None = None) -> tuple[list[str], list[str]]:
+    """(op_graph's sequence, the ops its values dropped): the named ops the outputs depend
+    on that are neither in the sequence nor inside a composite it names, because a value
+    was equal to an earlier one or the same whatever the inputs. A value can depend on the
+    sizes (`x * (x.shape[1] - 16)`): a sequence read at smaller sizes than the task's own
+    stands only where its values dropped nothing (filters/sandbox/harness.py)."""
     recorder, outputs = _recorded(model, inputs)
     if generic is not None and outputs and all(t.device.type != "meta" for t in outputs):
         other, other_outputs = _recorded(model, generic)
         if [op.target for op in other.ops] == [op.target for op in recorder.ops]:
             recorder, outputs = other, other_outputs
     if outputs and all(t.device.type != "meta" for t in outputs):
-        return _Equivalences(recorder).sequence(outputs)
-    return named_composites(_primitives(recorder, outputs))
+        values = _Equivalences(recorder)
+        return values.sequence(outputs), values.dropped(outputs)
+    return named_composites(_primitives(recorder, outputs)), []
 
 
 def _recorded(model: torch.nn.Module, inputs: list) -> tuple["_Recorder", list]:
@@ -428,25 +438,44 @@ class _Equivalences:
         self.folded: set = set()
         self.samples: dict = {}
         self.images: dict = {}
+        self.made_constant: set = set()
         for op in self.ops:
             if op.variable and _is_float(op.value) and op.value.numel() > 1 and _uniform(op.value):
                 op.variable = False  # `zeros_like(x)`, `x * 0`: the same value whatever x is, a constant
+                self.made_constant.add(op)
             if op.variable and _is_float(op.value):
                 self._recognise(op)
 
     def sequence(self, outputs: list) -> list[str]:
-        live, frontier = set(), [self._resolve(node) for node in self._makers(outputs)]
-        while frontier:
-            node = frontier.pop()
-            if node not in live and node.target is not None:
-                live.add(node)
-                frontier.extend(self._resolve(n) for n in self.reads[node])
+        live = self._live(outputs)
         nodes = [op for op in self.ops if op in live and op.variable]
         reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
         merged = _merged_branches(nodes, lambda n: reads[n], self.names)
         names = {node: self.names(node) for node in nodes if node not in merged}
         _chain_affine_maps([node for node in nodes if node in names], reads, names)
         return [name for node in nodes if node in names for name in names[node]]
+
+    def _live(self, outputs: list) -> set:
+        live, frontier = set(), [self._resolve(node) for node in self._makers(outputs)]
+        while frontier:
+            node = frontier.pop()
+            if node not in live and node.target is not None:
+                live.add(node)
+                frontier.extend(self._resolve(n) for n in self.reads[node])
+        return live
+
+    def dropped(self, outputs: list) -> list[str]:
+        """The named ops the outputs depend on that the sequence neither spells nor names a
+        composite of (see op_graph_and_drops)."""
+        kept = set(self._live(outputs)) | self.absorbed
+        reaching, frontier = set(), list(self._makers(outputs))
+        while frontier:
+            node = frontier.pop()
+            if node not in reaching and node.target is not None:
+                reaching.add(node)
+                frontier.extend(self.inputs[node])
+        return [name for op in self.ops if op in reaching and op not in kept
+                and (op.variable or op in self.made_constant) for name in canonical(op)]
 
     def names(self, node) -> list[str]:
         return list(self.named[node]) if node in self.named else canonical(node)

@@ -579,8 +579,19 @@ class _Purity:
 
     def check(self) -> None:
         self._no_kept_iterators()
-        for function, constructing in self._reachable():
+        reachable = self._reachable()
+        for function, constructing in reachable:
             _FunctionPurity(self, function, constructing).check()
+        # The checks build the model and its inputs under the GPU's device, the trace under
+        # the CPU's or meta's: a question of how the code runs in __init__ or get_inputs
+        # (`self.on_gpu = torch.empty(0).is_cuda`, then a branch on that config) gave the
+        # trace decoy ops (a red team's). No function of the task asks it.
+        seen = {id(function) for function, _ in reachable}
+        for function in (node for node in ast.walk(self.tree) if isinstance(node, (ast.FunctionDef, ast.Lambda))):
+            if id(function) not in seen:
+                unreached = _FunctionPurity(self, function)
+                unreached.reached = False
+                unreached.introspection()
 
     # which functions forward can reach
 
@@ -719,6 +730,7 @@ class _FunctionPurity:
 
     def __init__(self, purity: _Purity, function: ast.AST, constructing: bool = False):
         self.purity, self.function, self.constructing = purity, function, constructing
+        self.reached = True  # set False by `introspection`: a function forward does not reach
         self.parents = purity.parents
         self.name = getattr(function, "name", "<lambda>")
         args = function.args
@@ -748,8 +760,18 @@ class _FunctionPurity:
                 continue
             self._node(node)
 
+    def introspection(self) -> None:
+        """Only the rule against asking how the code runs (device, dtype, mode), over a function
+        forward does not reach."""
+        for node in self.body:
+            if isinstance(node, ast.Attribute):
+                self._attribute(node, values=False)
+            elif isinstance(node, ast.Name) and node.id in self.passed_on and isinstance(node.ctx, ast.Load):
+                self._passed_on(node, node.id)
+
     def _refuse(self, node: ast.AST, detail: str):
-        where = "forward" if self.name == "forward" else f"{self.name}, which forward runs"
+        where = "forward" if self.name == "forward" else f"{self.name}, which forward runs" if self.reached \
+            else self.name
         raise Rejected("impure_forward", node, f"{detail} (in {where})")
 
     def _node(self, node: ast.AST) -> None:
@@ -867,9 +889,9 @@ class _FunctionPurity:
 
     # introspection
 
-    def _attribute(self, node: ast.Attribute) -> None:
+    def _attribute(self, node: ast.Attribute, values: bool = True) -> None:
         attr = node.attr
-        if attr in DATA_TO_PYTHON:
+        if values and attr in DATA_TO_PYTHON:
             self._refuse(node, f".{attr}() turns tensor values into Python values forward then depends on: keep them "
                                "tensors (torch.where, masks, reductions)")
         if attr in INTROSPECTION and isinstance(node.ctx, ast.Load):

@@ -232,6 +232,41 @@ def test_a_trace_reads_what_the_task_computes_at_its_own_batch_not_at_the_small_
     assert harness.trace(small) == "mm add relu mul"  # a task at the small batch already is traced as it is
 
 
+# A KernelBench layer (Linear, ReLU) scaled by a value of the sizes that is zero or nothing
+# at the trace's small problem (a width of 16, a batch of 4) and not at the task's own: the
+# red team's third round. The ops are the same at both sizes, so the meta comparison passed;
+# the values at the small size dropped the layer, and the trace read `sigmoid`.
+SIZE_VALUES = {
+    "zero_scale": "return torch.relu(self.linear(x)) * (x.shape[1] - 16) + torch.sigmoid(x)",
+    "batch_zero": "return torch.relu(self.linear(x)) * (x.shape[0] // 5) + torch.sigmoid(x)",
+    "tensor_scale": "return torch.relu(self.linear(x)) * torch.tensor(float(x.shape[1] - 16)) + torch.sigmoid(x)",
+    "arange_mask": "return torch.relu(self.linear(x)) * (torch.arange(x.shape[1]) >= 16).float().mean()"
+                   " + torch.sigmoid(x)",
+    "empty_slice": "return torch.cat([torch.relu(self.linear(x))[:, :x.shape[1] - 16], torch.sigmoid(x)], dim=1)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SIZE_VALUES))
+def test_a_value_of_the_sizes_does_not_hide_a_layer_from_the_trace(kind):
+    task = make_task(SIZE_VALUES[kind], init="self.linear = nn.Linear(features, features)")
+    graph = harness.trace(task)
+    assert "mm" in graph and "relu" in graph, graph
+    assert graph == harness._traced_and_drops(task)[0]  # as at its own sizes
+
+
+def test_a_trace_whose_values_drop_nothing_stays_at_the_small_problem():
+    """The fallback to the task's own sizes costs seconds of CPU a task: only a trace whose
+    values dropped an op takes it (7 of 100 accepted rows of the H200 run)."""
+    from filters.sandbox.op_graph import op_graph_and_drops
+
+    honest = make_task("return torch.relu(self.linear(x)) * 2.0", init="self.linear = nn.Linear(features, features)")
+    small, _ = harness._trace_sizes(honest)
+    assert harness._traced_and_drops(small) == ("mm add relu mul", [])
+    positive = make_task("return torch.relu(torch.sigmoid(x))")  # a relu of what is all positive: dropped
+    model, inputs = harness._built(positive, "cpu")
+    assert op_graph_and_drops(model, inputs) == (["sigmoid"], ["relu"])
+
+
 def test_a_data_dependent_op_does_not_hide_a_branch_on_the_batch_from_the_trace():
     """The red team's answer to the test above: a masked_select in both branches, so that the
     meta device cannot run the task at either size and the comparison was skipped. The trace

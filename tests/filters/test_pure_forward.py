@@ -258,3 +258,16 @@ def test_init_may_write_self_and_initialise_in_place():
     assert static_check(code) is None
     assert static_check(code.replace("return self.lin(x)", "self.reset()\n        return self.lin(x)"))[0] \
         == "impure_forward"
+
+
+def test_init_and_get_inputs_may_not_ask_how_the_code_runs():
+    """The checks build a task under the GPU's device and the trace under the CPU's or meta's:
+    a device asked in __init__ or get_inputs gave a trace decoy ops (red team)."""
+    asked_in_init = make_task("        return torch.relu(x) if self.on_gpu else torch.sigmoid(x)",
+                              init="        self.on_gpu = torch.empty(0).is_cuda")
+    assert static_check(asked_in_init)[0] == "impure_forward"
+    asked_in_inputs = make_task("        return torch.relu(x)", inputs="[torch.rand(batch_size, features)] if "
+                                "torch.empty(0).is_cuda else [torch.rand(batch_size, 1)]")
+    assert static_check(asked_in_inputs)[0] == "impure_forward"
+    passed_on = make_task("        return x + self.b", init="        self.b = torch.zeros(features, device=torch.empty(0).device)")
+    assert static_check(passed_on) is None
