@@ -58,6 +58,9 @@ if [ "$STAGE" = ops6k ]; then
     # Its state (cache and output folder) goes back as ops6k-state.tar.gz: carry it in
     # .device-cache/ and the next call resumes the same run, from a fresh machine too.
     # SAMPLES (the recipe's 6,000 if not given) is kept in the state for the report stage.
+    # the carried state is the run's whole state: a warm machine's /tmp still holds the last
+    # call's, and the archive extracted over it mixed two calls' ledgers once
+    rm -rf /tmp/ops6k /tmp/opsynth-cache/verdicts /tmp/opsynth-cache/op_graphs
     [ -f .device-cache/ops6k-state.tar.gz ] && tar -xzf .device-cache/ops6k-state.tar.gz -C /
     [ -n "${2:-}" ] && echo "$2" > /tmp/opsynth-cache/ops6k-samples
     ops6k=(python3 -m pipeline.cli run --config ops6k --composer template --out /tmp/ops6k
@@ -88,6 +91,7 @@ if [ "$STAGE" = report ]; then
     # magnitude on both sides), and beside the checkout's text; the run's card (its comparison
     # section) goes back with the reports. The validated level 2 goes back
     # as kb-l2.tar.gz: carry it in .device-cache/ and the next call skips the validation.
+    rm -rf /tmp/ops6k /tmp/opsynth-cache/verdicts /tmp/opsynth-cache/op_graphs  # the carried state alone (see ops6k)
     tar -xzf .device-cache/ops6k-state.tar.gz -C / || { echo "carry .device-cache/ops6k-state.tar.gz"; exit 1; }
     [ -f .device-cache/kb-l2.tar.gz ] && tar -xzf .device-cache/kb-l2.tar.gz -C /
     # written out again by this checkout: the output_max_abs column and the card's comparison section
