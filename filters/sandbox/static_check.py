@@ -553,6 +553,12 @@ ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose", "
 INIT_NAMESPACE = "torch.nn.init."
 
 
+def _builds_module(func: ast.AST) -> bool:
+    """`nn.Linear(...)`, `torch.nn.ModuleList(...)`, `MyBlock(...)`: a call of a class."""
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    return name[:1].isupper()
+
+
 class _Purity:
     """forward, and every function and method it can reach, is a pure function of its inputs
     and of what __init__ built: it writes no state (self, module globals, its inputs, a
@@ -579,6 +585,7 @@ class _Purity:
 
     def check(self) -> None:
         self._no_kept_iterators()
+        self._add_data_attributes()
         reachable = self._reachable()
         for function, constructing in reachable:
             _FunctionPurity(self, function, constructing).check()
@@ -591,7 +598,7 @@ class _Purity:
             if id(function) not in seen:
                 unreached = _FunctionPurity(self, function)
                 unreached.reached = False
-                unreached.introspection()
+                unreached.outside_forward()
 
     # which functions forward can reach
 
@@ -634,6 +641,17 @@ class _Purity:
         if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.attr == "apply":
             return False
         return True
+
+    def _add_data_attributes(self) -> None:
+        """Attributes set to what values decide are not config forward may branch on (a red
+        team's `self.on_gpu = float(torch.randn(1)) > 1.54`: the GPU's generator and the
+        CPU's draw differently, and the trace read decoy ops)."""
+        functions = [node for node in ast.walk(self.tree) if isinstance(node, ast.FunctionDef)]
+        while True:
+            found = set().union(*(_FunctionPurity(self, function).data_attributes() for function in functions))
+            if found <= self.tensor_attributes:
+                return
+            self.tensor_attributes |= found
 
     def _tensor_attributes(self) -> set[str]:
         """`self.x` that hold tensors: set from nn.Parameter or a torch call, or registered."""
@@ -760,14 +778,59 @@ class _FunctionPurity:
                 continue
             self._node(node)
 
-    def introspection(self) -> None:
-        """Only the rule against asking how the code runs (device, dtype, mode), over a function
-        forward does not reach."""
+    def outside_forward(self) -> None:
+        """The rules that keep a function forward does not reach (__init__, get_inputs) from
+        telling the checks' run from the trace: no question of how the code runs (device,
+        dtype, mode), and control flow on constants, config and shapes only (a random draw
+        differs between the GPU's generator and the CPU's)."""
         for node in self.body:
             if isinstance(node, ast.Attribute):
                 self._attribute(node, values=False)
             elif isinstance(node, ast.Name) and node.id in self.passed_on and isinstance(node.ctx, ast.Load):
                 self._passed_on(node, node.id)
+            test = node.test if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) else None
+            if test is not None and self._reads_values(test):
+                self._refuse(test, f"the condition reads tensor values ({ast.unparse(test)[:60]}): the checks' GPU "
+                                   "and the trace's CPU draw different random numbers, so a task may not choose by "
+                                   "them; choose by constants, config and shapes")
+
+    def data_attributes(self) -> set[str]:
+        """`self.x` this function sets to what tensor values decide (`float(torch.randn(1)) >
+        1.54`): no config, though no tensor either. A module it builds is neither."""
+        found = set()
+        for node in self.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and not (
+                    isinstance(node.value, ast.Call) and _builds_module(node.value.func)) \
+                    and self._reads_values(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found.update(t.attr for t in targets if isinstance(t, ast.Attribute) and _chain(t)[0] == "self")
+        return found
+
+    def _reads_values(self, node: ast.AST, seen: frozenset = frozenset()) -> bool:
+        """Whether `node` reads a tensor's values, outside forward's stricter grammar: a torch
+        call (other than a shape's), .item() or .tolist(), a tensor attribute (of self, or a
+        weight or bias anywhere: `self.linear.weight.sum() > 0`), or a local bound to one of
+        those or looping over one. `is None` reads nothing."""
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            return False
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Attribute) and node.func.attr in SHAPE_METHODS):
+            if _Grammar(self.purity.policy)._dotted(node.func).startswith("torch.") and not _builds_module(node.func):
+                return True
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and (
+                node.attr in DATA_TO_PYTHON or node.attr in TENSOR_VALUED
+                or isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.purity.tensor_attributes):
+            return True
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in seen \
+                and node.id in self.assignments and node.id not in self.parameters:
+            bound = [value for value in self.assignments[node.id] if value is not None] + self._looped_over(node.id)
+            if any(self._reads_values(value, seen | {node.id}) for value in bound):
+                return True
+        return any(self._reads_values(child, seen) for child in ast.iter_child_nodes(node))
+
+    def _looped_over(self, name: str) -> list[ast.AST]:
+        """What the loops that bind `name` iterate over."""
+        return [loop.iter for loop in self.body if isinstance(loop, (ast.For, ast.comprehension))
+                and name in _target_names(loop.target)]
 
     def _refuse(self, node: ast.AST, detail: str):
         where = "forward" if self.name == "forward" else f"{self.name}, which forward runs" if self.reached \
@@ -790,6 +853,9 @@ class _FunctionPurity:
             self._attribute(node)
         elif isinstance(node, ast.Name) and node.id in self.passed_on and isinstance(node.ctx, ast.Load):
             self._passed_on(node, node.id)
+        self._control_flow(node)
+
+    def _control_flow(self, node: ast.AST) -> None:
         if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
             self._test(node.test, {ast.If: "if", ast.While: "while", ast.IfExp: "conditional expression",
                                    ast.Assert: "assert"}[type(node)])

@@ -271,3 +271,29 @@ def test_init_and_get_inputs_may_not_ask_how_the_code_runs():
     assert static_check(asked_in_inputs)[0] == "impure_forward"
     passed_on = make_task("        return x + self.b", init="        self.b = torch.zeros(features, device=torch.empty(0).device)")
     assert static_check(passed_on) is None
+
+
+# What a random draw or a weight decides in __init__ differs between the checks (built under
+# the GPU's generator) and the trace (the CPU's): config forward branches on may not hold it.
+DRAWN_CONFIG = {
+    "float": "self.on_gpu = float(torch.randn(1)) > 1.54",
+    "item": "self.on_gpu = torch.randn(1).item() > 1.54",
+    "tensor": "self.on_gpu = torch.randn(1) > 1.54",
+    "weight": "self.linear = nn.Linear(features, features)\nself.on_gpu = bool(self.linear.weight.sum() > 0)",
+    "branch_in_init": "self.on_gpu = False\nif torch.randn(1) > 1.54:\n    self.on_gpu = True",
+    "loop_in_init": "self.on_gpu = False\nfor v in torch.randn(3):\n    self.on_gpu = v > 1.0",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DRAWN_CONFIG))
+def test_forward_may_not_branch_on_what_a_value_decided_in_init(kind):
+    task = make_task("        return torch.relu(x) if self.on_gpu else torch.sigmoid(x)", init=DRAWN_CONFIG[kind])
+    assert static_check(task)[0] == "impure_forward", kind
+
+
+def test_config_computed_from_sizes_and_modules_built_in_init_stay_config():
+    honest = make_task("        y = self.linear(x) * self.scale\n        return torch.relu(y) if self.use_bias else y",
+                       init="self.linear = nn.Linear(features, features)\nself.scale = 1.0 / math.sqrt(features)\n"
+                            "self.use_bias = self.linear.bias is not None and features > 8",
+                       header="import math")
+    assert static_check(honest) is None
