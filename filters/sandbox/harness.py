@@ -108,7 +108,7 @@ def use_compiler_caches(folder: str) -> None:
     clear_caches()
 
 
-def trace(code: str) -> str | None:
+def trace(code: str, untrusted: bool = True) -> str | None:
     """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit.
@@ -120,7 +120,10 @@ def trace(code: str) -> str | None:
     depend on the sizes: `relu(linear(x)) * (x.shape[1] - 16)` is zero at a width of 16);
     else the task is traced at its own sizes, on real tensors and then, for a task that
     passes the static check (whose grammar refuses a forward that asks its tensors' device,
-    `impure_forward`), on meta."""
+    `impure_forward`), on meta. A task of the reference (or one `dedupe` was given) is not
+    `untrusted`: nothing it could gain by steering its trace, it keeps the small problem's
+    trace wherever the meta device shows the same ops (KernelBench at its full sizes took
+    115 s, not 39, and 4 of 200 tasks ran past the worker's 20 s)."""
     graph = None
     try:
         smaller = dict.fromkeys([*_trace_sizes(code), code])
@@ -131,7 +134,7 @@ def trace(code: str) -> str | None:
             graph, dropped = _traced_and_drops(small)
         except Exception:  # sizes the model cannot take, an op without a CPU kernel, ...
             continue
-        if small == code or (not dropped and _same_ops_at_its_sizes(code, small)):
+        if small == code or (not (untrusted and dropped) and _same_ops_at_its_sizes(code, small)):
             return graph
     from filters.sandbox.static_check import static_check
     if static_check(code) is not None:  # never a row: a reference task, or one `dedupe` was given

@@ -60,7 +60,7 @@ def trace_batch(codes: list[str]) -> dict:
     sentinel, before, whole = trace(WARM_UP_TASK), process_state(), torch_state()
     graphs, trusted, steered = [], 0, False
     for i, code in enumerate(codes):
-        graphs.append(trace(code))
+        graphs.append(trace(code, untrusted=False))  # batches trace the reference and `dedupe`'s tasks
         if (i + 1) % CHECK_EVERY == 0 or i + 1 == len(codes) or time.monotonic() - began > BATCH_BUDGET_S:
             steered = changed(before, process_state())  # by one of the tasks since the last look
             if steered:

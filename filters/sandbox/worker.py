@@ -494,7 +494,7 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wai
     def traced() -> dict:
         from filters.sandbox.harness import trace
         sys.addaudithook(_refuse_escapes(workdir))
-        return accepted({"op_graph": trace(job["code"])})
+        return accepted({"op_graph": trace(job["code"], untrusted=job["config"].get("untrusted", True))})
     _run_in_child(traced, options, workdir, write_fd)
 
 

@@ -49,13 +49,16 @@ def traced(reference: ReferenceSet, pool, cache_dir: str | Path) -> ReferenceSet
     return replace(reference, fingerprints=fingerprints, traced=done)
 
 
-def trace_all(codes: list[str], pool, cache_dir: str | Path) -> list[str | None]:
-    """The op sequence of each task (None where it cannot be traced), from the cache or the pool."""
+def trace_all(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool = False) -> list[str | None]:
+    """The op sequence of each task (None where it cannot be traced), from the cache or the
+    pool; traced as the reference's tasks are, or `as_candidates` are (harness.trace's
+    `untrusted`: what a run's accepted task gets)."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
-    keys = [graph_key(code) for code in codes]
+    keys = [graph_key(code, as_candidates) for code in codes]
     found = [store.get(key) for key in keys]
     missing = [i for i, entry in enumerate(found) if entry is None]
-    results = pool.run_many([{"code": codes[i], "config": {"trace_only": True}} for i in missing]) if missing else []
+    results = pool.run_many([{"code": codes[i], "config": {"trace_only": True, "untrusted": as_candidates}}
+                             for i in missing]) if missing else []
     for i, result in zip(missing, results):
         found[i] = {"op_graph": result["metrics"].get("op_graph") if result["passed"] else None}
         if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
@@ -63,10 +66,12 @@ def trace_all(codes: list[str], pool, cache_dir: str | Path) -> list[str | None]
     return [entry["op_graph"] for entry in found]
 
 
-def graph_key(code: str) -> str:
-    """The key of a task's traced op sequence in the cache: its code, the tracer and torch."""
+def graph_key(code: str, as_candidate: bool = False) -> str:
+    """The key of a task's traced op sequence in the cache: its code, the tracer and torch
+    (and whether it was traced as a candidate)."""
     import torch
-    return hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}".encode()).hexdigest()
+    mode = "\x00candidate" if as_candidate else ""
+    return hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}{mode}".encode()).hexdigest()
 
 
 def load_reference(source: str, levels: tuple[int, ...] = DEFAULT_LEVELS) -> ReferenceSet:

@@ -82,13 +82,16 @@ def disguises(reference, index, textual_index, pool, cache, threshold, kinds=Non
                 copies.append((fp.name, disguise(code)))
             except (StopIteration, SyntaxError, ValueError, IndexError, NotApplicable):  # nothing to rewrite
                 continue
-        graphs = trace_all([code for _, code in copies], pool, cache)
+        graphs = trace_all([code for _, code in copies], pool, cache, as_candidates=True)
         prints = [fingerprint(code, name, graph) for (name, code), graph in zip(copies, graphs)]
         textual = sum(textual_index.match(fp, threshold).similarity > threshold for fp in prints)
-        combined = sum(index.match(fp, threshold).similarity > threshold for fp in prints)
-        untraced = sum(not fp.graph for fp in prints)
+        # a copy whose trace failed is rejected as `untraced` in a run (pipeline/transforms.py)
+        combined = sum(graph is None or index.match(fp, threshold).similarity > threshold
+                       for fp, graph in zip(prints, graphs))
+        untraced = sum(graph is None for graph in graphs)
         missed = [fp.name for fp in prints if fp.graph and index.match(fp, threshold).similarity <= threshold]
-        print(f"  {kind:14s} {textual:3d} -> {combined:3d} of {len(prints)} ({untraced} copies not traceable)"
+        print(f"  {kind:14s} {textual:3d} -> {combined:3d} of {len(prints)} ({untraced} copies not traceable, "
+              "rejected as untraced)"
               + (f"; missed: {', '.join(n.split(' ')[0] for n in missed[:6])}" if missed else ""), flush=True)
         traced_copies += [(fp, code) for fp, (_, code) in zip(prints, copies) if fp.graph]
     return traced_copies
