@@ -69,7 +69,10 @@ def test_a_run_on_a_dask_cluster_loses_and_repeats_nothing_when_a_worker_is_kill
     assert indexes == list(range(len(indexes)))  # every composed index once: none lost, none repeated
     assert not any(v.reason == "crashed" for _, v in records)  # the kill became nobody's verdict
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["accepted"] == sum(v.passed for _, v in records) >= 4
+    accepted = sum(v.passed for _, v in records)
+    # --num-samples of them are written, the rest kept among the rejects as surplus
+    assert accepted >= 4 and stats["accepted"] == 4
+    assert stats["rejected_by_reason"].get("surplus", 0) == accepted - 4
     assert stats["composed"] == len(records)
     assert not list((out / ".staging").glob("beam-temp-*"))
 
