@@ -190,11 +190,10 @@ def top_up_candidates(records: list[tuple[Candidate, Verdict]], cfg) -> int:
     filled to within `mix_tolerance`: the rows each share of the rows to be written lacks,
     divided by the rate its candidates were accepted at so far. 0 when the mix is met (or
     no tolerance is set)."""
-    tolerance = getattr(cfg, "mix_tolerance", None)
-    if tolerance is None:
+    if cfg.mix_tolerance is None:
         return 0
     written = written_rows(records, cfg)
-    if all(abs(gap) <= max(1.0, tolerance * cfg.num_samples) for gap in mix_gaps(written, cfg).values()):
+    if all(abs(gap) <= max(1.0, cfg.mix_tolerance * cfg.num_samples) for gap in mix_gaps(written, cfg).values()):
         return 0
     fresh = [(candidate, verdict) for candidate, verdict in records if candidate.ops]
     needed = []
