@@ -254,6 +254,19 @@ def test_a_value_of_the_sizes_does_not_hide_a_layer_from_the_trace(kind):
     assert graph == harness._traced_and_drops(task)[0]  # as at its own sizes
 
 
+def test_a_task_whose_values_dropped_an_op_and_whose_own_sizes_cannot_be_traced_is_untraced():
+    """A round trip around a KernelBench layer at sizes the CPU cannot hold (level 1's
+    elementwise tasks have 1.6 billion elements): traced on meta instead, its values went
+    unread and the copy was spelled `mul relu mul`, 0.83 from `relu` (53 of 200 round-trip
+    copies got through so). It is left untraced, and a run rejects it."""
+    sizes = "batch_size = 16\nfeatures = 1099511627776"  # 2 ** 40: 16 at the small problem
+    huge = make_task("return (torch.relu(x) * 4.0) * 0.25", constants=sizes)
+    assert harness.trace(huge) is None
+    assert harness.trace(huge, untrusted=False) == "relu"  # the reference keeps the small problem's trace
+    plain = make_task("return torch.relu(x)", constants=sizes)
+    assert harness.trace(plain) == "relu"  # nothing dropped: the small problem's trace stands
+
+
 def test_a_trace_whose_values_drop_nothing_stays_at_the_small_problem():
     """The fallback to the task's own sizes costs seconds of CPU a task: only a trace whose
     values dropped an op takes it (7 of 100 accepted rows of the H200 run)."""
