@@ -162,10 +162,10 @@ def plan_round(cfg: RunConfig, records: list, workers: int, next_index: int, top
     rows written can meet the mix (at most MAX_TOP_UPS rounds more), or --max-candidates."""
     accepted = sum(v.passed for _, v in records)
     top_up = top_up_candidates(records, cfg) if accepted >= cfg.num_samples else 0
+    gaps = mix_gaps(written_rows(records, cfg), cfg) if top_up else {}
     if accepted >= cfg.num_samples and (not top_up or top_ups == MAX_TOP_UPS):
         stop_reason = f"reached --num-samples ({accepted} accepted, {cfg.num_samples} asked)"
         if top_up:
-            gaps = mix_gaps(written_rows(records, cfg), cfg)
             stop_reason += (f"; after {top_ups} top-up rounds the mix is still off by "
                             + ", ".join(f"{-gap:+.0f} {key}" for key, gap in gaps.items() if abs(gap) >= 1))
         return stop_reason, 0, False
@@ -174,7 +174,7 @@ def plan_round(cfg: RunConfig, records: list, workers: int, next_index: int, top
                 f"{cfg.num_samples} samples accepted"), 0, False
     if top_up:
         log.info("%d accepted; top-up round %d of at most %d for the mix: %s", accepted, top_ups + 1, MAX_TOP_UPS,
-                 ", ".join(f"{key} {-gap:+.1f}" for key, gap in mix_gaps(written_rows(records, cfg), cfg).items()))
+                 ", ".join(f"{key} {-gap:+.1f}" for key, gap in gaps.items()))
     size = round_size(max(cfg.num_samples - accepted, 0), accepted, len(records), workers,
                       cfg.max_candidates - next_index, top_up)
     return "", size, bool(top_up)

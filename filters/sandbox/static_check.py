@@ -748,7 +748,7 @@ class _FunctionPurity:
 
     def __init__(self, purity: _Purity, function: ast.AST, constructing: bool = False):
         self.purity, self.function, self.constructing = purity, function, constructing
-        self.reached = True  # set False by `introspection`: a function forward does not reach
+        self.reached = True  # False for a function forward does not reach (`outside_forward`)
         self.parents = purity.parents
         self.name = getattr(function, "name", "<lambda>")
         args = function.args
@@ -853,9 +853,6 @@ class _FunctionPurity:
             self._attribute(node)
         elif isinstance(node, ast.Name) and node.id in self.passed_on and isinstance(node.ctx, ast.Load):
             self._passed_on(node, node.id)
-        self._control_flow(node)
-
-    def _control_flow(self, node: ast.AST) -> None:
         if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
             self._test(node.test, {ast.If: "if", ast.While: "while", ast.IfExp: "conditional expression",
                                    ast.Assert: "assert"}[type(node)])
