@@ -5,15 +5,18 @@ worker; `trace` records what a task computes.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import gc
 import math
 import os
 import re
+from typing import Callable
 
 import torch
 
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
-from filters.sandbox.execution import GpuGate, Reject, as_reject, load_task, release, timed
+from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, load_task, make_inputs, release,
+                                      timed)
 from filters.sandbox.op_graph import op_graph, op_graph_and_drops
 from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, with_constants
 from filters.sandbox.worker import MAX_OP_GRAPH
@@ -36,8 +39,7 @@ def evaluate(code: str, config: dict) -> dict:
     """Run every enabled check in order; returns {passed, stage, reason, detail, metrics, code}.
     What the task computes (`trace`) is recorded by the worker, in a process of its own."""
     cfg = {**DEFAULTS, **config}
-    gate = GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"), cfg["gate_step_limit_s"],
-                   cfg["gpu_alone"])
+    gate = gpu_gate(cfg)
     t = TaskUnderTest(code, cfg, torch.device(cfg["device"]), gate)
     try:
         for check in CHECKS:
@@ -52,6 +54,12 @@ def evaluate(code: str, config: dict) -> dict:
     finally:
         t.metrics.update(gate.metrics())
     return _result(t, True, "accepted", "", "", t.code)
+
+
+def gpu_gate(cfg: dict) -> GpuGate:
+    """The gate a job's checks and its trace share the GPU through (execution.GpuGate)."""
+    return GpuGate(cfg["timing_lock"] or os.environ.get("OPSYNTH_TIMING_LOCK"), cfg["gate_step_limit_s"],
+                   cfg["gpu_alone"])
 
 
 def _result(t: TaskUnderTest, passed: bool, stage: str, reason: str, detail: str, code: str) -> dict:
@@ -108,22 +116,39 @@ def use_compiler_caches(folder: str) -> None:
     clear_caches()
 
 
-def trace(code: str, untrusted: bool = True) -> str | None:
+@dataclasses.dataclass
+class ChecksDevice:
+    """Where a task is traced at its own sizes: on the device its checks ran on, from their
+    seed, under their GPU gate, so that the trace reads the values the checks computed. The
+    CPU's and a GPU's generators draw other weights and inputs from one seed, and their
+    kernels round differently: a layer gated by a product that is zero on the CPU's values
+    and not on the GPU's would be traced as absent. `start` readies the device (CUDA's
+    context, the worker's share of the GPU's memory) outside the gate, once, and only when
+    a trace needs it."""
+    device: str = "cpu"
+    seed: int = 0
+    gate: GpuGate = dataclasses.field(default_factory=lambda: GpuGate(None))
+    start: Callable[[], None] = lambda: None
+
+
+def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None) -> str | None:
     """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit.
 
-    On real tensors on the CPU, at a small problem: the values let op_graph see what a run of
+    On real tensors, at a small problem on the CPU: the values let op_graph see what a run of
     ops computes, and a task cannot tell a trace from a run (a branch on `x.is_meta` would
     show a meta trace decoy ops). A trace at smaller sizes than the task's stands only where
     the meta device shows the same ops at both and its values dropped no op (a value can
     depend on the sizes: `relu(linear(x)) * (x.shape[1] - 16)` is zero at a width of 16);
-    else the task is traced at its own sizes, on real tensors and then, for a task that
-    passes the static check (whose grammar refuses a forward that asks its tensors' device,
-    `impure_forward`), on meta. A task of the reference (or one `dedupe` was given) is not
-    `untrusted`: nothing it could gain by steering its trace, it keeps the small problem's
-    trace wherever the meta device shows the same ops (KernelBench at its full sizes took
-    115 s, not 39, and 4 of 200 tasks ran past the worker's 20 s)."""
+    else the task is traced at its own sizes, on real tensors on the checks' device
+    (`ChecksDevice`), and then, for a task that passes the static check (whose grammar
+    refuses a forward that asks its tensors' device, `impure_forward`), on meta. A task of
+    the reference (or one `dedupe` was given) is not `untrusted`: nothing it could gain by
+    steering its trace, it keeps the small problem's trace wherever the meta device shows
+    the same ops (KernelBench at its full sizes took 115 s, not 39, and 4 of 200 tasks ran
+    past the worker's 20 s)."""
+    checks = checks or ChecksDevice()
     graph = None
     try:
         smaller = dict.fromkeys([*_trace_sizes(code), code])
@@ -132,16 +157,16 @@ def trace(code: str, untrusted: bool = True) -> str | None:
     values_dropped = False
     for small in smaller:
         try:
-            graph, dropped = _traced_and_drops(small)
-        except Exception:  # sizes the model cannot take, an op without a CPU kernel, ...
+            graph, dropped = _traced_and_drops(small, checks if small == code else ChecksDevice(seed=checks.seed))
+        except Exception:  # sizes the model cannot take, an op without a kernel, memory, ...
             continue
         if small == code or (not (untrusted and dropped) and _same_ops_at_its_sizes(code, small)):
             return graph
         values_dropped = values_dropped or bool(untrusted and dropped)
     if values_dropped:
-        # its own sizes could not be traced on real tensors (memory, an op without a CPU
-        # kernel): on meta its values go unread, and a round trip (`x * 4 * 0.25`) around a
-        # KernelBench layer would be spelled out as ops, 0.83 from the layer: untraced
+        # its own sizes could not be traced on real tensors (memory, an op without a kernel):
+        # on meta its values go unread, and a round trip (`x * 4 * 0.25`) around a KernelBench
+        # layer would be spelled out as ops, 0.83 from the layer: untraced
         return None
     from filters.sandbox.static_check import static_check
     if static_check(code) is not None:  # never a row: a reference task, or one `dedupe` was given
@@ -169,20 +194,30 @@ def _traced_on_meta(code: str) -> str:
     return " ".join(op_graph(*_built(code, "meta")))[:MAX_OP_GRAPH]
 
 
-def _traced_and_drops(code: str) -> tuple[str, list[str]]:
-    """On real tensors: (the trace, the ops its values dropped), op_graph_and_drops."""
-    model, inputs = _built(code, "cpu")
-    _generic_weights(model)
-    generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-    graph, dropped = op_graph_and_drops(model, inputs, generic)
+def _traced_and_drops(code: str, checks: ChecksDevice | None = None) -> tuple[str, list[str]]:
+    """On real tensors: (the trace, the ops its values dropped), op_graph_and_drops. Read
+    with generic weights and inputs (`_generic_weights`) unless those drop an op that the
+    task's own values keep: a gate of `relu(x.min())` is zero on signed inputs and not on
+    the task's `torch.rand`, and `relu(w.min() - 0.99)` of a weight of ones is zero once
+    the weight is given a spread; either hid a layer the checks ran."""
+    checks = checks or ChecksDevice()
+    if checks.device != "cpu":
+        checks.start()
+    with checks.gate.shared("trace"):
+        model, inputs = _built(code, checks.device, checks.seed)
+        own_graph, own_dropped = op_graph_and_drops(model, inputs)
+        _generic_weights(model)
+        generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+        graph, dropped = op_graph_and_drops(model, inputs, generic)
+    if not set(dropped) <= set(own_dropped):
+        graph, dropped = own_graph, own_dropped
     return " ".join(graph)[:MAX_OP_GRAPH], dropped
 
 
-def _built(code: str, device: str) -> tuple[torch.nn.Module, list]:
+def _built(code: str, device: str, seed: int = 0) -> tuple[torch.nn.Module, list]:
     task = load_task(code)
-    torch.manual_seed(0)
-    with torch.device(device):
-        return task.Model(*task.get_init_inputs()).eval(), task.get_inputs()
+    model = build_model(task, seed, torch.device(device))
+    return model, make_inputs(task, torch.device(device))
 
 
 @torch.no_grad()

@@ -554,7 +554,7 @@ class _Equivalences:
         if node not in self.samples:
             flat = node.value.detach().reshape(-1).float()
             count = min(flat.numel(), SAMPLE)
-            index = torch.arange(count) * (flat.numel() - 1) // max(count - 1, 1)  # exact: no float rounding
+            index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)  # exact: no float rounding
             self.samples[node] = flat[index]
         return self.samples[node]
 

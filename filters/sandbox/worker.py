@@ -183,9 +183,11 @@ def run_job(job: dict, options: dict, reasons) -> dict:
         outcome = confirm(_in_child(job, options, reasons, _child), job["config"])
         if gpu_memory_ran_out(outcome, options, job["config"]):
             outcome = retried_alone(job, options, reasons)
-    if outcome["passed"]:  # the code as the pool stores it, at the sizes the checks chose
-        stored = {**job, "code": as_stored(job["code"], outcome["metrics"])}
-        traced = _in_child(stored, {**options, "timeout_s": TRACE_LIMIT_S}, reasons, _trace_child)
+    if outcome["passed"]:  # the code as the pool stores it, at the sizes the checks chose, as they ran it
+        alone = bool(outcome["metrics"].get("retried_alone"))
+        stored = {**job, "code": as_stored(job["code"], outcome["metrics"]),
+                  "config": {**job["config"], "gpu_alone": alone}}
+        traced = _in_child(stored, {**options, "timeout_s": TRACE_LIMIT_S, "alone": alone}, reasons, _trace_child)
         outcome["metrics"]["op_graph"] = traced["metrics"].get("op_graph") if traced["passed"] else None
     return outcome
 
@@ -492,9 +494,14 @@ def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mma
 
 def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def traced() -> dict:
-        from filters.sandbox.harness import trace
+        from filters.sandbox import execution
+        from filters.sandbox.checks import DEFAULTS
+        from filters.sandbox.harness import ChecksDevice, gpu_gate, trace
+        execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         sys.addaudithook(_refuse_escapes(workdir))
-        return accepted({"op_graph": trace(job["code"], untrusted=job["config"].get("untrusted", True))})
+        cfg = {**DEFAULTS, **job["config"]}
+        checks = ChecksDevice(cfg["device"], cfg["seed"], gpu_gate(cfg), lambda: _start_cuda(options))
+        return accepted({"op_graph": trace(job["code"], untrusted=cfg.get("untrusted", True), checks=checks)})
     _run_in_child(traced, options, workdir, write_fd)
 
 
@@ -531,14 +538,8 @@ def _evaluate(job: dict, options: dict) -> dict:
     from filters.sandbox.harness import evaluate
     sys.addaudithook(_refuse_escapes(tempfile.gettempdir()))
     began = time.perf_counter()
-    if options.get("gpu_memory_gb") and torch.cuda.is_available():
-        # Workers share the GPU: none may take more than its share, but a job run again alone
-        # (`retried_alone`) may take what the GPU has free.
-        total = torch.cuda.get_device_properties(0).total_memory
-        share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
-        torch.cuda.set_per_process_memory_fraction(min(1.0, share))
     if options.get("device", "cpu").startswith("cuda") and torch.cuda.is_available():
-        _start_cuda()
+        _start_cuda(options)
     started_ms = (time.perf_counter() - began) * 1e3
     result = evaluate(job["code"], job["config"])
     metrics = {**result["metrics"], "t_cuda_start_ms": started_ms} if options.get("device", "").startswith("cuda") \
@@ -549,13 +550,20 @@ def _evaluate(job: dict, options: dict) -> dict:
 ALONE_SHARE = 0.9  # of the GPU's memory, for a job run again alone
 
 
-def _start_cuda() -> None:
-    """The CUDA context, the caching allocator and a cuBLAS handle, made before any task code
-    runs and outside the GPU gate: a child is the first process of its job to touch the GPU,
-    and starting CUDA is a few hundred ms of driver work. Done inside the job's first gated
-    step, it held the gate that long, and every timer, and every worker behind the timer,
-    waited for it. Trusted code, in the job's own process: nothing of it outlives the job."""
+def _start_cuda(options: dict) -> None:
+    """The worker's share of the GPU's memory, the CUDA context, the caching allocator and a
+    cuBLAS handle, made before any task code runs on the GPU and outside the GPU gate: a
+    child is the first process of its job to touch the GPU, and starting CUDA is a few
+    hundred ms of driver work. Done inside the job's first gated step, it held the gate that
+    long, and every timer, and every worker behind the timer, waited for it. Trusted code,
+    in the job's own process: nothing of it outlives the job."""
     import torch
+    if options.get("gpu_memory_gb"):
+        # Workers share the GPU: none may take more than its share, but a job run again alone
+        # (`retried_alone`) may take what the GPU has free.
+        total = torch.cuda.get_device_properties(0).total_memory
+        share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
+        torch.cuda.set_per_process_memory_fraction(min(1.0, share))
     a = torch.ones(8, 8, device="cuda")
     torch.mm(a, a)
     torch.cuda.synchronize()

@@ -14,6 +14,7 @@
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
 #   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 #   bash tests/benchmarks/h200.sh scale [TASKS]                 # cold and cached crawl on every core; opsynth dedupe on 2 cores
+#   bash tests/benchmarks/h200.sh gputrace [ROWS]                # the trace on the checks' device: the attack, fairness on KernelBench and ROWS
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -185,6 +186,14 @@ if [ "$STAGE" = scale ]; then
     echo "== opsynth dedupe: ${1:-10000} external tasks on 2 cores (composing them first takes minutes)"
     python3 -m tests.benchmarks.bench_dedupe "$PWD/.kb/KernelBench" --tasks "${1:-10000}" --workers 2 --cores 2 \
         --alone 300 --work /tmp/bench-dedupe 2>&1 | tail -12
+    exit 0
+fi
+if [ "$STAGE" = gputrace ]; then
+    # A task traced at its own sizes on the GPU its checks ran on (filters/sandbox/harness.py,
+    # ChecksDevice): the cross-device attack it closes, and every KernelBench L1-2 task and
+    # ROWS (a run's accepted rows, .bench/rows/ops6k-500.parquet) traced as a CPU run and as a GPU run.
+    timeout 540 python3 -m tests.benchmarks.gpu_trace_check "$PWD/.kb/KernelBench" \
+        --rows "${1:-.bench/rows/ops6k-500.parquet}" 2>&1 | grep -v "Warning" | tail -60
     exit 0
 fi
 if [ "$STAGE" = crawl ]; then

@@ -254,6 +254,45 @@ def test_a_value_of_the_sizes_does_not_hide_a_layer_from_the_trace(kind):
     assert graph == harness._traced_and_drops(task)[0]  # as at its own sizes
 
 
+# A KernelBench layer gated by a value the trace's generic values set to zero and the task's
+# own do not: op_graph reads a trace with signed inputs and spread weights (a relu of
+# torch.rand's all-positive values is no op), and each of these hid the layer from it.
+GENERIC_VALUES = {
+    "input_sign": ("", "return torch.relu(self.linear(x)) * torch.relu(x.min()) + torch.sigmoid(x)"),
+    "input_all_positive": ("", "return torch.relu(self.linear(x)) * (x.min() >= 0).float() + torch.sigmoid(x)"),
+    "weight_spread": ("self.g = nn.Parameter(torch.ones(16))",
+                      "return torch.relu(self.linear(x)) * torch.relu(self.g.min() - 0.99) + torch.sigmoid(x)"),
+    "buffer_constant": ("self.register_buffer('g', torch.ones(16))",
+                        "return torch.relu(self.linear(x)) * (self.g.std() == 0).float() + torch.sigmoid(x)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GENERIC_VALUES))
+def test_a_value_the_generic_trace_zeroes_does_not_hide_a_layer_the_checks_ran(kind):
+    gate, body = GENERIC_VALUES[kind]
+    task = make_task(body, init=f"{gate}\nself.linear = nn.Linear(features, features)")
+    graph = harness.trace(task)
+    assert "mm" in graph and "relu" in graph, graph
+
+
+# A layer gated by a weight's draw: live from seed 0 (randn(2)[0] is 1.54), dead from seed 1
+# (0.66). The CPU's and a GPU's generators differ as two seeds do: a trace must read the
+# draw the checks ran on, from their device and seed.
+SEED_GATED = make_task("return torch.relu(self.linear(x)) * torch.relu(self.g[0] - 1.0) + torch.sigmoid(x)",
+                       init="self.g = nn.Parameter(torch.randn(2))\nself.linear = nn.Linear(features, features)")
+
+
+def test_a_trace_reads_the_values_of_the_checks_seed():
+    live = harness.trace(SEED_GATED, checks=harness.ChecksDevice(seed=0))
+    dead = harness.trace(SEED_GATED, checks=harness.ChecksDevice(seed=1))
+    assert "mm" in live and "mm" not in dead, (live, dead)
+
+
+def test_a_worker_traces_with_the_device_and_seed_its_checks_ran_with(pool):
+    live, dead = pool.run_many([{"code": SEED_GATED, "config": {"trace_only": True, "seed": seed}} for seed in (0, 1)])
+    assert "mm" in live["metrics"]["op_graph"] and "mm" not in dead["metrics"]["op_graph"], (live, dead)
+
+
 def test_a_task_whose_values_dropped_an_op_and_whose_own_sizes_cannot_be_traced_is_untraced():
     """A round trip around a KernelBench layer at sizes the CPU cannot hold (level 1's
     elementwise tasks have 1.6 billion elements): traced on meta instead, its values went

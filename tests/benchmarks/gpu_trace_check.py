@@ -1,0 +1,137 @@
+"""The trace on the checks' device, proven on a GPU (issue 28; docs/decontamination.md).
+
+A task traced at its own sizes is traced where its checks ran, from their seed
+(filters/sandbox/harness.py, `ChecksDevice`). On a GPU this prints:
+- the attack it closes: a layer gated by a weight's draw, live on the GPU's generator and
+  dead on the CPU's, through the checks on the GPU and traced on both devices;
+- the trace attacks of tests/filters/test_harness.py, traced with the GPU as the checks' device;
+- fairness: KernelBench tasks and a run's accepted rows traced as a CPU run traces them and as
+  a GPU run does now (the same sequence, or where not, why), with the GPU traces' cost, under
+  a worker's share of the GPU's memory.
+
+    python -m tests.benchmarks.gpu_trace_check KERNELBENCH [--rows PARQUET] [--share-gb 16]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from filters.sandbox import harness
+from filters.similarity.reference import load_reference
+
+
+def cross_device_gate(device: str) -> None:
+    """A weight drawn first in __init__ gates a Linear and ReLU: its draw from seed 0 differs
+    between the CPU's generator and the GPU's, and the gate's threshold sits between the two."""
+    draws = {}
+    for where in ("cpu", device):
+        torch.manual_seed(0)
+        draws[where] = float(torch.randn(2, device=where)[0])
+    middle = (draws["cpu"] + draws[device]) / 2
+    gate = f"self.g[0] - {middle!r}" if draws[device] > draws["cpu"] else f"{middle!r} - self.g[0]"
+    code = TASK.format(gate=gate)
+    print(f"== a layer gated by a weight's draw: {draws['cpu']:.4f} on the CPU, {draws[device]:.4f} on {device}")
+    verdict = harness.evaluate(code, {"device": device})
+    print(f"checks on {device}: passed={verdict['passed']} {verdict['reason'] or ''} "
+          f"eager_ms={verdict['metrics'].get('eager_ms')}")
+    on_cpu = harness.trace(code)
+    on_gpu = harness.trace(code, checks=harness.ChecksDevice(device))
+    print(f"traced as a CPU run: {on_cpu!r}\ntraced on {device}, the checks' device: {on_gpu!r}")
+    print("closed" if "mm" in on_gpu and "mm" not in on_cpu else "NOT closed")
+
+
+TASK = '''import torch
+import torch.nn as nn
+
+batch_size = 512
+features = 2048
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g = nn.Parameter(torch.randn(2))
+        self.linear = nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) * torch.relu({gate}) + torch.sigmoid(x)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, features)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_attacks(device: str) -> None:
+    from tests.conftest import make_task
+    from tests.filters.test_harness import GENERIC_VALUES, SIZE_VALUES
+    print(f"== the trace attacks of tests/filters/test_harness.py, checks on {device}")
+    attacks = {**{k: ("", body) for k, body in SIZE_VALUES.items()}, **GENERIC_VALUES}
+    caught = 0
+    for kind, (gate, body) in attacks.items():
+        task = make_task(body, init=f"{gate}\nself.linear = nn.Linear(features, features)")
+        graph = harness.trace(task, checks=harness.ChecksDevice(device)) or ""
+        caught += "mm" in graph and "relu" in graph
+        print(f"  {kind}: {graph!r}")
+    print(f"layer seen in {caught} of {len(attacks)}")
+
+
+def fairness(name: str, codes: list[str], device: str) -> None:
+    """Each task traced as a run on the CPU traces it and as a run on `device` does."""
+    same, differ, failed, seconds = 0, [], [], []
+    own = harness.ChecksDevice(device)
+    for code in codes:
+        on_cpu = harness.trace(code)
+        began = time.perf_counter()
+        on_gpu = harness.trace(code, checks=own)
+        seconds.append(time.perf_counter() - began)
+        if on_gpu == on_cpu:
+            same += 1
+        elif on_gpu is None:
+            failed.append(code)
+        else:
+            differ.append((on_cpu, on_gpu))
+    seconds.sort()
+    print(f"== {name}: {len(codes)} traced as a CPU run and as a {device} run")
+    print(f"same sequence: {same}; different: {len(differ)}; untraced on {device} only: {len(failed)}")
+    print(f"trace s on {device}: p50 {statistics.median(seconds):.2f}, p90 {seconds[int(len(seconds) * 0.9)]:.2f}, "
+          f"max {seconds[-1]:.2f}")
+    for on_cpu, on_gpu in differ[:8]:
+        print(f"  cpu {str(on_cpu)[:90]!r}\n  gpu {str(on_gpu)[:90]!r}")
+    for code in failed[:3]:
+        print("  untraced:", code.splitlines()[-12:-9])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kernelbench", type=Path)
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rows", type=Path, help="a run's accepted rows (a Parquet file) to trace too")
+    parser.add_argument("--sample", type=int, default=120, help="rows traced, of --rows")
+    parser.add_argument("--share-gb", type=float, default=16.0, help="a worker's share of the GPU's memory")
+    parser.add_argument("--limit", type=int, help="of the reference's tasks, the first LIMIT")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    if args.device.startswith("cuda"):
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.share_gb * 2**30 / total))
+    cross_device_gate(args.device)
+    test_attacks(args.device)
+    reference = load_reference(str(args.kernelbench), tuple(args.levels))
+    fairness(f"KernelBench levels {args.levels}", list(reference.codes)[:args.limit], args.device)
+    if args.rows:
+        import pandas as pd
+        rows = pd.read_parquet(args.rows, columns=["code"]).sample(frac=1.0, random_state=0)
+        fairness(f"{args.sample} accepted rows of {args.rows.name}", list(rows["code"][:args.sample]), args.device)
+
+
+if __name__ == "__main__":
+    main()
