@@ -129,6 +129,10 @@ class ChecksDevice:
     seed: int = 0
     gate: GpuGate = dataclasses.field(default_factory=lambda: GpuGate(None))
     start: Callable[[], None] = lambda: None
+    # the same device with its memory to this trace alone and every step alone, for a trace
+    # that ran out of the worker's share: the checks ran the task in it, the trace keeps
+    # every value it reads (worker.retried_alone, for the checks)
+    alone: ChecksDevice | None = None
 
 
 def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None) -> str | None:
@@ -201,8 +205,19 @@ def _traced_and_drops(code: str, checks: ChecksDevice | None = None) -> tuple[st
     the task's `torch.rand`, and `relu(w.min() - 0.99)` of a weight of ones is zero once
     the weight is given a spread; either hid a layer the checks ran."""
     checks = checks or ChecksDevice()
-    if checks.device != "cpu":
-        checks.start()
+    try:
+        return _traced_and_drops_on(code, checks)
+    except torch.OutOfMemoryError:
+        if checks.alone is None:
+            raise
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    return _traced_and_drops_on(code, checks.alone)
+
+
+def _traced_and_drops_on(code: str, checks: ChecksDevice) -> tuple[str, list[str]]:
+    checks.start()
     with checks.gate.shared("trace"):
         model, inputs = _built(code, checks.device, checks.seed)
         own_graph, own_dropped = op_graph_and_drops(model, inputs)

@@ -62,7 +62,11 @@ SPLIT = {"addmm": ("mm", "add"), "addmv": ("mv", "add"), "baddbmm": ("bmm", "add
          "linear": ("mm", "add"), "matmul": ("mm",), "bmm": ("mm",), "mv": ("mm",), "dot": ("mm",),
          "mean": ("sum", "mul"), "log1p": ("add", "log"), "expm1": ("exp", "add"), "rsqrt": ("sqrt", "mul")}
 SAME_AS = {"sub": "add", "rsub": "add", "div": "mul", "true_divide": "mul", "neg": "mul", "reciprocal": "mul",
-           "square": "mul", "clamp_min": "clamp", "clamp_max": "clamp", "amax": "max", "amin": "min"}
+           "square": "mul", "clamp_min": "clamp", "clamp_max": "clamp", "amax": "max", "amin": "min",
+           # attention is one op whichever kernel a device picks for it
+           **dict.fromkeys(("scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_flash_attention",
+                            "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention",
+                            "scaled_dot_product_fused_attention_overrideable"), "scaled_dot_product_attention")}
 IDENTITY = {"mul": 1, "div": 1, "true_divide": 1, "add": 0, "sub": 0, "pow": 1}
 SUFFIXES = ("_legit_no_training", "_legit_functional", "_legit", "_functional", "_backward")
 MERGES = frozenset({"cat", "stack", "concat", "concatenate"})
@@ -196,7 +200,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         outer_only = self.decompose == "outer" and self.decomposing
-        decomposition = _decompositions().get(func) if self.decompose and not outer_only else None
+        decomposition = _decompositions().get(func) if self.decompose and not outer_only else _device_fused().get(func)
         if decomposition is not None:
             self.decomposing, was = True, self.decomposing
             try:
@@ -250,6 +254,19 @@ def _decompositions() -> dict:
     from torch._decomp import get_decompositions
     aten = torch.ops.aten
     return get_decompositions([getattr(aten, name) for name in DECOMPOSED if hasattr(aten, name)])
+
+
+# Kernels a device fuses where another runs the parts: a CUDA tensor's F.rms_norm is one
+# `_fused_rms_norm`, a CPU tensor's its decomposition. Recorded as the parts on every device,
+# so that a task traced on its checks' GPU is spelled as the reference traced on the CPU is.
+DEVICE_FUSED = ("_fused_rms_norm",)
+
+
+@functools.cache
+def _device_fused() -> dict:
+    from torch._decomp import get_decompositions
+    aten = torch.ops.aten
+    return get_decompositions([getattr(aten, name) for name in DEVICE_FUSED if hasattr(aten, name)])
 
 
 def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=None) -> set:

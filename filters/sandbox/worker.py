@@ -21,6 +21,7 @@ from the zygote as it was after its warm-up.
 from __future__ import annotations
 
 import errno
+import functools
 import gc
 import json
 import math
@@ -496,13 +497,23 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wai
     def traced() -> dict:
         from filters.sandbox import execution
         from filters.sandbox.checks import DEFAULTS
-        from filters.sandbox.harness import ChecksDevice, gpu_gate, trace
+        from filters.sandbox.harness import trace
         execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         sys.addaudithook(_refuse_escapes(workdir))
         cfg = {**DEFAULTS, **job["config"]}
-        checks = ChecksDevice(cfg["device"], cfg["seed"], gpu_gate(cfg), lambda: _start_cuda(options))
+        checks = _checks_device(cfg, options, cfg["gpu_alone"])
         return accepted({"op_graph": trace(job["code"], untrusted=cfg.get("untrusted", True), checks=checks)})
     _run_in_child(traced, options, workdir, write_fd)
+
+
+def _checks_device(cfg: dict, options: dict, alone: bool):
+    """Where a trace runs a task at its own sizes: as its checks ran it (harness.ChecksDevice),
+    and again with the GPU to itself if the worker's share of its memory runs out."""
+    from filters.sandbox.harness import ChecksDevice, gpu_gate
+    on_gpu = cfg["device"].startswith("cuda")
+    start = functools.partial(_start_cuda, {**options, "alone": alone}) if on_gpu else (lambda: None)
+    return ChecksDevice(cfg["device"], cfg["seed"], gpu_gate({**cfg, "gpu_alone": alone}), start,
+                        None if alone else _checks_device(cfg, options, True))
 
 
 def _trace_batch_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from filters.sandbox import harness
+from filters.sandbox.worker import ALONE_SHARE
 from filters.similarity.reference import load_reference
 
 
@@ -87,7 +88,8 @@ def test_attacks(device: str) -> None:
 def fairness(name: str, codes: list[str], device: str) -> None:
     """Each task traced as a run on the CPU traces it and as a run on `device` does."""
     same, differ, failed, seconds = 0, [], [], []
-    own = harness.ChecksDevice(device)
+    # as a worker traces: in its share of the GPU's memory, and again alone where that runs out
+    own = harness.ChecksDevice(device, alone=harness.ChecksDevice(device, start=lambda: set_share(ALONE_SHARE)))
     for code in codes:
         on_cpu = harness.trace(code)
         began = time.perf_counter()
@@ -110,6 +112,11 @@ def fairness(name: str, codes: list[str], device: str) -> None:
         print("  untraced:", code.splitlines()[-12:-9])
 
 
+def set_share(fraction: float) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(min(1.0, fraction))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernelbench", type=Path)
@@ -121,8 +128,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     if args.device.startswith("cuda"):
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.share_gb * 2**30 / total))
+        set_share(args.share_gb * 2**30 / torch.cuda.get_device_properties(0).total_memory)
     cross_device_gate(args.device)
     test_attacks(args.device)
     reference = load_reference(str(args.kernelbench), tuple(args.levels))

@@ -293,6 +293,26 @@ def test_a_worker_traces_with_the_device_and_seed_its_checks_ran_with(pool):
     assert "mm" in live["metrics"]["op_graph"] and "mm" not in dead["metrics"]["op_graph"], (live, dead)
 
 
+def test_a_trace_that_runs_out_of_the_workers_share_of_the_gpu_is_taken_again_alone():
+    """The checks ran the task in the worker's share of the GPU's memory; a trace keeps every
+    value it reads, and a KernelBench-sized level-1 task needs more (one did, on the H200).
+    Its own sizes are traced again with the GPU's memory to itself. (The share running out
+    is raised where the GPU would raise it: starting the device, before the trace's steps.)"""
+    task = make_task("return torch.relu(self.linear(x)) * 4.0 * 0.25", constants="batch_size = 4\nfeatures = 16",
+                     init="self.linear = nn.Linear(features, features)")  # the small problem already: its own sizes
+    started = []
+
+    def share_ran_out():
+        started.append("share")
+        raise torch.OutOfMemoryError("CUDA out of memory (the worker's share)")
+
+    alone = harness.ChecksDevice(start=lambda: started.append("alone"))
+    assert harness.trace(task, checks=harness.ChecksDevice(start=share_ran_out, alone=alone)) == "mm add relu"
+    assert started == ["share", "alone"]
+    # with nothing to fall back on, no value was read: the meta device spells the round trip out
+    assert harness.trace(task, checks=harness.ChecksDevice(start=share_ran_out)) != "mm add relu"
+
+
 def test_a_task_whose_values_dropped_an_op_and_whose_own_sizes_cannot_be_traced_is_untraced():
     """A round trip around a KernelBench layer at sizes the CPU cannot hold (level 1's
     elementwise tasks have 1.6 billion elements): traced on meta instead, its values went

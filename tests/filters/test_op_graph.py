@@ -186,6 +186,39 @@ def test_different_work_on_two_parts_stays_two_works():
     assert ops(lambda x: torch.cat([torch.tanh(x[:2]), torch.relu(x[2:])], dim=0)) == ["tanh", "relu", "cat"]
 
 
+class _RmsNormTanh(nn.Module):
+    """F.rms_norm as a CPU tensor runs it, or as the one kernel a CUDA tensor's is."""
+
+    def __init__(self, fused: bool):
+        super().__init__()
+        self.weight, self.fused = nn.Parameter(torch.rand(64)), fused
+
+    def forward(self, x):
+        if self.fused:
+            return torch.tanh(torch.ops.aten._fused_rms_norm(x, [64], self.weight, 1e-6)[0])
+        return torch.tanh(F.rms_norm(x, (64,), self.weight, 1e-6))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_kernel_one_device_fuses_is_spelled_as_the_parts_another_runs(device):
+    """A task traced at its own sizes is traced on its checks' GPU, the reference on the CPU:
+    an op must read the same on both."""
+    x = torch.rand(8, 64, device=device)
+    fused, parts = (op_graph(_RmsNormTanh(f).to(device).eval(), [x]) for f in (True, False))
+    assert fused == parts and "tanh" in parts and "fused_rms_norm" not in fused
+
+
+def test_attention_is_one_op_whichever_kernel_runs_it():
+    q = torch.randn(2, 4, 16, 32)
+    graph = op_graph(_Attention().eval(), [q])
+    assert graph[-1] == "scaled_dot_product_attention" and "for_cpu" not in " ".join(graph)
+
+
+class _Attention(nn.Module):
+    def forward(self, q):
+        return F.scaled_dot_product_attention(q, q * 2, q * 3)
+
+
 def test_on_the_meta_device_spelling_rules_and_torchs_decompositions_still_apply():
     assert ops(lambda x: (x - 1.0) / 3.0, device="meta") == ops(lambda x: (x + 1.0) * 3.0, device="meta") \
         == ["add", "mul"]
