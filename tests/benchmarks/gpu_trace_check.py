@@ -26,23 +26,32 @@ from filters.similarity.reference import load_reference
 
 
 def cross_device_gate(device: str) -> None:
-    """A weight drawn first in __init__ gates a Linear and ReLU: its draw from seed 0 differs
-    between the CPU's generator and the GPU's, and the gate's threshold sits between the two."""
-    draws = {}
-    for where in ("cpu", device):
+    """A weight of n elements, drawn first in __init__, gates a Linear and ReLU by the mean of
+    its excess over a threshold: the threshold sits just above every element the CPU's
+    generator draws from seed 0, and between the elements the GPU's draws (n is the first
+    length for which it can), so the layer is dead on the CPU and live, with the relu
+    binding, on the GPU."""
+    for n in range(2, 257):
         torch.manual_seed(0)
-        draws[where] = float(torch.randn(2, device=where)[0])
-    middle = (draws["cpu"] + draws[device]) / 2
-    gate = f"self.g[0] - {middle!r}" if draws[device] > draws["cpu"] else f"{middle!r} - self.g[0]"
-    code = TASK.format(gate=gate)
-    print(f"== a layer gated by a weight's draw: {draws['cpu']:.4f} on the CPU, {draws[device]:.4f} on {device}")
+        on_cpu = torch.randn(n)
+        torch.manual_seed(0)
+        on_device = torch.randn(n, device=device).cpu()
+        threshold = float(on_cpu.max()) + 1e-3
+        if (on_device > threshold).any() and (on_device < threshold).any():
+            break
+    else:
+        print(f"== no weight of up to 256 elements is drawn differently on {device} and the CPU")
+        return
+    code = TASK.format(n=n, gate=f"torch.relu(self.g - {threshold!r}).mean()")
+    print(f"== a layer gated by a weight of {n} drawn elements: max {float(on_cpu.max()):.4f} on the CPU, "
+          f"{int((on_device > threshold).sum())} of {n} above {threshold:.4f} on {device}")
     verdict = harness.evaluate(code, {"device": device})
     print(f"checks on {device}: passed={verdict['passed']} {verdict['reason'] or ''} "
           f"eager_ms={verdict['metrics'].get('eager_ms')}")
-    on_cpu = harness.trace(code)
-    on_gpu = harness.trace(code, checks=harness.ChecksDevice(device))
-    print(f"traced as a CPU run: {on_cpu!r}\ntraced on {device}, the checks' device: {on_gpu!r}")
-    print("closed" if "mm" in on_gpu and "mm" not in on_cpu else "NOT closed")
+    cpu_trace = harness.trace(code)
+    gpu_trace = harness.trace(code, checks=harness.ChecksDevice(device))
+    print(f"traced as a CPU run: {cpu_trace!r}\ntraced on {device}, the checks' device: {gpu_trace!r}")
+    print("closed" if "mm" in gpu_trace and "mm" not in cpu_trace else "NOT closed")
 
 
 TASK = '''import torch
@@ -55,11 +64,11 @@ features = 2048
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.g = nn.Parameter(torch.randn(2))
+        self.g = nn.Parameter(torch.randn({n}))
         self.linear = nn.Linear(features, features)
 
     def forward(self, x):
-        return torch.relu(self.linear(x)) * torch.relu({gate}) + torch.sigmoid(x)
+        return torch.relu(self.linear(x)) * {gate} + torch.sigmoid(x)
 
 
 def get_inputs():
@@ -125,11 +134,14 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=120, help="rows traced, of --rows")
     parser.add_argument("--share-gb", type=float, default=16.0, help="a worker's share of the GPU's memory")
     parser.add_argument("--limit", type=int, help="of the reference's tasks, the first LIMIT")
+    parser.add_argument("--attack-only", action="store_true", help="the cross-device attack alone")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     if args.device.startswith("cuda"):
         set_share(args.share_gb * 2**30 / torch.cuda.get_device_properties(0).total_memory)
     cross_device_gate(args.device)
+    if args.attack_only:
+        return
     test_attacks(args.device)
     reference = load_reference(str(args.kernelbench), tuple(args.levels))
     fairness(f"KernelBench levels {args.levels}", list(reference.codes)[:args.limit], args.device)

@@ -192,8 +192,10 @@ if [ "$STAGE" = gputrace ]; then
     # A task traced at its own sizes on the GPU its checks ran on (filters/sandbox/harness.py,
     # ChecksDevice): the cross-device attack it closes, and every KernelBench L1-2 task and
     # ROWS (a run's accepted rows, .bench/rows/ops6k-500.parquet) traced as a CPU run and as a GPU run.
-    timeout 540 python3 -m tests.benchmarks.gpu_trace_check "$PWD/.kb/KernelBench" \
-        --rows "${1:-.bench/rows/ops6k-500.parquet}" 2>&1 | grep -v "Warning" | tail -60
+    # ROWS "attack": the cross-device attack alone
+    rows=(--rows "${1:-.bench/rows/ops6k-500.parquet}"); [ "${1:-}" = attack ] && rows=(--attack-only)
+    timeout 540 python3 -m tests.benchmarks.gpu_trace_check "$PWD/.kb/KernelBench" "${rows[@]}" 2>&1 \
+        | grep -v "Warning" | tail -60
     exit 0
 fi
 if [ "$STAGE" = crawl ]; then
