@@ -175,6 +175,13 @@ def make_inputs(task, device: torch.device) -> list:
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
+def first_inputs(task, seed: int, device: torch.device) -> list:
+    """The inputs every check runs a task on first, drawn from `seed + 1` after its model was
+    built from `seed`: the values its trace reads too (harness.ChecksDevice)."""
+    torch.manual_seed(seed + 1)
+    return make_inputs(task, device)
+
+
 def forward(model, inputs) -> list[torch.Tensor]:
     """The outputs of one call, as copies of their own: an output that is a buffer the task
     overwrites on every call would otherwise change under a comparison, and compare with itself."""
@@ -238,8 +245,7 @@ def load_and_run(code: str, cfg: dict, device: torch.device, gate: GpuGate):
     try:
         task = load_task(code)
         model = gate.call(build_model, task, cfg["seed"], device)
-        torch.manual_seed(cfg["seed"] + 1)
-        inputs = gate.call(make_inputs, task, device)
+        inputs = gate.call(first_inputs, task, cfg["seed"], device)
         out = gate.call(forward, model, inputs)
     except Exception as error:
         raise as_reject(error, "execute") from None

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
-from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, load_task, make_inputs, release,
+from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, first_inputs, load_task, release,
                                       timed)
 from filters.sandbox.op_graph import op_graph, op_graph_and_drops
 from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, with_constants
@@ -203,7 +203,9 @@ def _traced_and_drops(code: str, checks: ChecksDevice | None = None) -> tuple[st
     with generic weights and inputs (`_generic_weights`) unless those drop an op that the
     task's own values keep: a gate of `relu(x.min())` is zero on signed inputs and not on
     the task's `torch.rand`, and `relu(w.min() - 0.99)` of a weight of ones is zero once
-    the weight is given a spread; either hid a layer the checks ran."""
+    the weight is given a spread; either hid a layer the checks ran. Where each drops an op
+    the other keeps, neither reads all the task computes: it raises, as a size that cannot
+    be read does, and a task that fails at its own sizes is spelled on meta (`trace`)."""
     checks = checks or ChecksDevice()
     try:
         return _traced_and_drops_on(code, checks)
@@ -225,6 +227,10 @@ def _traced_and_drops_on(code: str, checks: ChecksDevice) -> tuple[str, list[str
         generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
         graph, dropped = op_graph_and_drops(model, inputs, generic)
     if not set(dropped) <= set(own_dropped):
+        if not set(own_dropped) <= set(dropped):
+            # each drops an op the other keeps (a red team's layer gated off on signed inputs,
+            # beside a term gated off on its own): neither reads all it computes
+            raise ValueError(f"its own values drop {own_dropped[:4]} and generic ones {dropped[:4]}")
         graph, dropped = own_graph, own_dropped
     return " ".join(graph)[:MAX_OP_GRAPH], dropped
 
@@ -232,7 +238,7 @@ def _traced_and_drops_on(code: str, checks: ChecksDevice) -> tuple[str, list[str
 def _built(code: str, device: str, seed: int = 0) -> tuple[torch.nn.Module, list]:
     task = load_task(code)
     model = build_model(task, seed, torch.device(device))
-    return model, make_inputs(task, torch.device(device))
+    return model, first_inputs(task, seed, torch.device(device))
 
 
 @torch.no_grad()

@@ -63,6 +63,13 @@ DENIED_ATTRIBUTES = frozenset({
     # an nn.Module's members by a dotted name held in a string
     "get_submodule", "get_parameter", "get_buffer", "set_submodule",
 })
+# The random generators' seeds and states: which seed the checks drew from, read by
+# `torch.default_generator.initial_seed()`, gated a layer that a trace, drawn otherwise, never saw.
+RNG_STATE_ATTRIBUTES = frozenset({
+    "default_generator", "default_generators", "initial_seed", "get_state", "set_state", "graphsafe_get_state",
+    "graphsafe_set_state", "get_offset", "set_offset", "clone_state", "get_rng_state", "set_rng_state",
+    "get_rng_state_all", "set_rng_state_all",
+})
 SAFE_BUILTINS = frozenset({
     "abs", "all", "any", "bool", "callable", "chr", "complex", "dict", "divmod", "enumerate", "filter", "float",
     "frozenset", "hasattr", "hash", "input", "int", "isinstance", "issubclass", "len", "list", "map", "max",
@@ -299,6 +306,9 @@ class _Policy:
             raise Rejected("forbidden_call", node, f"dunder access {attr!r}")
         if attr in DENIED_ATTRIBUTES:
             raise Rejected("forbidden_call", node, f".{attr} reaches the file system, the interpreter or leaves torch")
+        if attr in RNG_STATE_ATTRIBUTES:
+            raise Rejected("forbidden_call", node, f".{attr} reads or sets a random generator's seed or state: "
+                           "draw with torch.rand/randn instead")
         if attr == "type":
             self._type_method(node)
         root, dotted = _chain(node)

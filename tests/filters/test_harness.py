@@ -313,6 +313,44 @@ def test_a_trace_that_runs_out_of_the_workers_share_of_the_gpu_is_taken_again_al
     assert harness.trace(task, checks=harness.ChecksDevice(start=share_ran_out)) != "mm add relu"
 
 
+def test_a_trace_reads_the_very_weights_and_inputs_the_checks_ran_first():
+    """The checks draw a task's inputs from seed + 1 (execution.load_and_run); the trace drew
+    them from where the model's build left the generator, and a red team's gate on
+    `x[0, 0]` was live for the checks and zero for the trace."""
+    from filters.sandbox.execution import GpuGate, load_and_run
+    task = make_task("return torch.relu(self.linear(x))", init="self.linear = nn.Linear(features, features)")
+    for seed in (0, 7):
+        _, checked_model, checked_inputs, _ = load_and_run(task, {"seed": seed}, torch.device("cpu"), GpuGate(None))
+        model, inputs = harness._built(task, "cpu", seed)
+        assert torch.equal(inputs[0], checked_inputs[0])
+        assert torch.equal(model.linear.weight, checked_model.linear.weight)
+
+
+# Ways the red team of session 13 hid a layer the checks ran inside a value op_graph took for
+# another: each traced as the decoy alone (`mul`, `mm`, `convolution`) and was accepted.
+DISGUISED_BY_VALUES = {
+    # a few elements 30,000 times the rest: within 2e-4 of the largest, the layer's 0.3 vanished
+    "dominant_residual": ("scale = torch.ones(features)\nscale[::4] = 30000.0\nself.register_buffer('scale', scale)\n"
+                          "self.linear = nn.Linear(features, features)",
+                          "return x * self.scale + torch.relu(self.linear(x))", "relu"),
+    # a matrix product in the rows the recognition compared, a softmax in the rest
+    "product_in_a_corner": ("self.weight = nn.Parameter(torch.randn(features, features) / 16)",
+                            "return torch.cat([x[:3] @ self.weight, torch.softmax(x[3:] * 8.0, dim=1) * 100.0], dim=0)",
+                            "softmax"),
+    # a convolution of the first sample, which the recognition compared, a sigmoid of the rest
+    "convolution_of_one_sample": ("self.conv = nn.Conv2d(4, 4, 3, padding=1)",
+                                  "return torch.cat([self.conv(x[:1]), torch.sigmoid(x[1:] * 3.0)], dim=0)", "sigmoid"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DISGUISED_BY_VALUES))
+def test_a_value_that_only_looks_like_another_does_not_hide_what_the_task_computes(kind):
+    init, body, hidden = DISGUISED_BY_VALUES[kind]
+    inputs = "[torch.rand(batch_size, 4, 16, 16)]" if "conv" in init else "[torch.rand(batch_size, features)]"
+    graph = harness.trace(make_task(body, init=init, inputs=inputs, constants="batch_size = 16\nfeatures = 64"))
+    assert hidden in graph, graph
+
+
 def test_a_task_whose_values_dropped_an_op_and_whose_own_sizes_cannot_be_traced_is_untraced():
     """A round trip around a KernelBench layer at sizes the CPU cannot hold (level 1's
     elementwise tasks have 1.6 billion elements): traced on meta instead, its values went
