@@ -143,37 +143,36 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
     On real tensors, at a small problem on the CPU: the values let op_graph see what a run of
     ops computes, and a task cannot tell a trace from a run (a branch on `x.is_meta` would
     show a meta trace decoy ops). A trace at smaller sizes than the task's stands only where
-    the meta device shows the same ops at both and its values dropped no op (a value can
-    depend on the sizes: `relu(linear(x)) * (x.shape[1] - 16)` is zero at a width of 16);
-    else the task is traced at its own sizes, on real tensors on the checks' device
-    (`ChecksDevice`), and then, for a task that passes the static check (whose grammar
-    refuses a forward that asks its tensors' device, `impure_forward`), on meta. A task of
-    the reference (or one `dedupe` was given) is not `untrusted`: nothing it could gain by
-    steering its trace, it keeps the small problem's trace wherever the meta device shows
-    the same ops (KernelBench at its full sizes took 115 s, not 39, and 4 of 200 tasks ran
-    past the worker's 20 s)."""
+    the meta device shows the same ops at both and it leaves no named op unspelled (a value
+    can depend on the sizes: `relu(linear(x)) * (x.shape[1] - 16)` is zero at a width of
+    16); else the task is traced at its own sizes, on real tensors on the checks' device
+    (`ChecksDevice`), and a task none of whose readings stands is untraced (a run rejects
+    it). A task of the reference (or one `dedupe` was given) is not `untrusted`: nothing it
+    could gain by steering its trace, it keeps the small problem's trace wherever the meta
+    device shows the same ops (KernelBench at its full sizes took 115 s, not 39, and 4 of
+    200 tasks ran past the worker's 20 s), and one the policy allows is spelled on meta
+    where no reading on real tensors runs."""
     checks = checks or ChecksDevice()
     graph = None
     try:
         smaller = dict.fromkeys([*_trace_sizes(code), code])
     except Exception:  # code that does not parse: nothing to trace
         return None
-    values_dropped = False
     for small in smaller:
         try:
-            graph, dropped = _traced_and_drops(small, checks if small == code else ChecksDevice(seed=checks.seed))
-        except Exception:  # sizes the model cannot take, an op without a kernel, memory, ...
+            graph, unspelled = _traced_and_drops(small, checks if small == code else ChecksDevice(seed=checks.seed))
+        except Exception:  # sizes the model cannot take, an op without a kernel, memory, ReadingsDisagree, ...
             continue
-        if small == code or (not (untrusted and dropped) and _same_ops_at_its_sizes(code, small)):
+        if small == code or (not (untrusted and unspelled) and _same_ops_at_its_sizes(code, small)):
             return graph
-        values_dropped = values_dropped or bool(untrusted and dropped)
-    if values_dropped:
-        # its own sizes could not be traced on real tensors (memory, an op without a kernel):
-        # on meta its values go unread, and a round trip (`x * 4 * 0.25`) around a KernelBench
-        # layer would be spelled out as ops, 0.83 from the layer: untraced
+    if untrusted:
+        # no reading on real tensors stands: on meta its values would go unread, and a round
+        # trip around a KernelBench layer (`x * 4 * 0.25`) or a GEMM written as a broadcast
+        # product and a sum (a red team's, whose readings disagreed at every size) would be
+        # spelled out as its ops, `mul relu mul` or `mul sum`: untraced
         return None
     from filters.sandbox.static_check import static_check
-    if static_check(code) is not None:  # never a row: a reference task, or one `dedupe` was given
+    if static_check(code) is not None:  # a reference task, or one `dedupe` was given, the policy refuses
         return graph
     try:
         return _traced_on_meta(code)
@@ -199,13 +198,10 @@ def _traced_on_meta(code: str) -> str:
 
 
 def _traced_and_drops(code: str, checks: ChecksDevice | None = None) -> tuple[str, list[str]]:
-    """On real tensors: (the trace, the ops its values dropped), op_graph_and_drops. Read
-    with generic weights and inputs (`_generic_weights`) unless those drop an op that the
-    task's own values keep: a gate of `relu(x.min())` is zero on signed inputs and not on
-    the task's `torch.rand`, and `relu(w.min() - 0.99)` of a weight of ones is zero once
-    the weight is given a spread; either hid a layer the checks ran. Where each drops an op
-    the other keeps, neither reads all the task computes: it raises, as a size that cannot
-    be read does, and a task that fails at its own sizes is spelled on meta (`trace`)."""
+    """On real tensors: (the trace, the ops it leaves unspelled), op_graph_and_drops, read
+    with generic weights (`_generic_weights`) and signed inputs unless those leave unspelled
+    an op the task's own values spell; ReadingsDisagree where each leaves one the other
+    spells."""
     checks = checks or ChecksDevice()
     try:
         return _traced_and_drops_on(code, checks)
@@ -222,17 +218,9 @@ def _traced_and_drops_on(code: str, checks: ChecksDevice) -> tuple[str, list[str
     checks.start()
     with checks.gate.shared("trace"):
         model, inputs = _built(code, checks.device, checks.seed)
-        own_graph, own_dropped = op_graph_and_drops(model, inputs)
-        _generic_weights(model)
         generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-        graph, dropped = op_graph_and_drops(model, inputs, generic)
-    if not set(dropped) <= set(own_dropped):
-        if not set(own_dropped) <= set(dropped):
-            # each drops an op the other keeps (a red team's layer gated off on signed inputs,
-            # beside a term gated off on its own): neither reads all it computes
-            raise ValueError(f"its own values drop {own_dropped[:4]} and generic ones {dropped[:4]}")
-        graph, dropped = own_graph, own_dropped
-    return " ".join(graph)[:MAX_OP_GRAPH], dropped
+        graph, unspelled = op_graph_and_drops(model, inputs, generic, spread=_generic_weights)
+    return " ".join(graph)[:MAX_OP_GRAPH], unspelled
 
 
 def _built(code: str, device: str, seed: int = 0) -> tuple[torch.nn.Module, list]:

@@ -76,27 +76,65 @@ def op_graph(model: torch.nn.Module, inputs: list, generic: list | None = None) 
     """The canonical op sequence of `model(*inputs)`. On real tensors, what each op computed
     is compared with what came before it (`_Equivalences`); on the meta device there are no
     values, and only the spelling rules and torch's decompositions apply. `generic`: other
-    inputs to compare values on (signed: a relu of all-positive inputs looks like nothing),
-    used when the task runs the same ops on them as on its own (its control flow does not
-    ask its data)."""
+    inputs to compare values on (signed: a relu of all-positive inputs looks like nothing;
+    see op_graph_and_drops)."""
     return op_graph_and_drops(model, inputs, generic)[0]
 
 
-def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | None = None) -> tuple[list[str], list[str]]:
-    """(op_graph's sequence, the ops its values dropped): the named ops the outputs depend
-    on that are neither in the sequence nor inside a composite it names, because a value
-    was equal to an earlier one or the same whatever the inputs. A value can depend on the
-    sizes (`x * (x.shape[1] - 16)`): a sequence read at smaller sizes than the task's own
-    stands only where its values dropped nothing (filters/sandbox/harness.py)."""
-    recorder, outputs = _recorded(model, inputs)
-    if generic is not None and outputs and all(t.device.type != "meta" for t in outputs):
-        other, other_outputs = _recorded(model, generic)
-        if [op.target for op in other.ops] == [op.target for op in recorder.ops]:
-            recorder, outputs = other, other_outputs
-    if outputs and all(t.device.type != "meta" for t in outputs):
+class ReadingsDisagree(ValueError):
+    """The task's own values and generic ones each leave unspelled an op the other spells:
+    neither sequence reads all the task computes."""
+
+
+def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | None = None,
+                       spread=None) -> tuple[list[str], list[str]]:
+    """(op_graph's sequence, the ops it leaves unspelled): the named ops the outputs depend
+    on that the sequence does not spell as themselves, because a value was equal to an
+    earlier one or the same whatever the inputs, or because the op was read as part of a
+    composite the sequence names. A value can depend on the sizes (`x * (x.shape[1] - 16)`
+    is zero at a width of 16; a layer scaled by `1e-6 ** (16 / width)` vanishes inside a
+    composite): a sequence read at smaller sizes than the task's own stands only where it
+    leaves nothing unspelled (filters/sandbox/harness.py).
+
+    Read on `generic` inputs, after `spread(model)` gives constant weights a spread, where
+    the task runs the same ops on them (else on its own inputs with the spread weights) and
+    that reading leaves unspelled no op, by position, that its own values spell: a gate of
+    `relu(x.min())` is zero on signed inputs, `relu(w.min() - 0.99)` of a weight of ones is
+    zero once spread, and a gate of `sigmoid(6 x.min())` is small enough on them for a
+    composite to take the layer in. Where each reading leaves unspelled an op the other
+    spells: ReadingsDisagree."""
+    own = _Reading(model, inputs)
+    if own.symbolic or (generic is None and spread is None):
+        return own.sequence, own.unspelled_names
+    if spread is not None:
+        spread(model)
+    other = next((reading for reading in (_Reading(model, values) for values in (generic, inputs) if values is not None)
+                  if reading.targets == own.targets), None)
+    if other is None or other.unspelled <= own.unspelled:
+        return (other or own).sequence, (other or own).unspelled_names
+    if own.unspelled <= other.unspelled:
+        return own.sequence, own.unspelled_names
+    raise ReadingsDisagree(f"its own values leave {own.unspelled_names[:4]} unspelled, generic ones "
+                           f"{other.unspelled_names[:4]}")
+
+
+class _Reading:
+    """One recorded forward call read from its values: its sequence, the ops that ran, and
+    the positions and names of the named ops it leaves unspelled."""
+
+    def __init__(self, model: torch.nn.Module, inputs: list):
+        recorder, outputs = _recorded(model, inputs)
+        self.targets = [op.target for op in recorder.ops]
+        self.symbolic = not outputs or any(t.device.type == "meta" for t in outputs)
+        if self.symbolic:
+            self.sequence, self.unspelled, self.unspelled_names = named_composites(_primitives(recorder, outputs)), \
+                frozenset(), []
+            return
         values = _Equivalences(recorder)
-        return values.sequence(outputs), values.dropped(outputs)
-    return named_composites(_primitives(recorder, outputs)), []
+        unspelled = values.unspelled(outputs)
+        self.sequence = values.sequence(outputs)
+        self.unspelled = frozenset(op.index for op in unspelled)
+        self.unspelled_names = [name for op in unspelled for name in canonical(op)]
 
 
 def _recorded(model: torch.nn.Module, inputs: list) -> tuple["_Recorder", list]:
@@ -492,18 +530,18 @@ class _Equivalences:
                 frontier.extend(self._resolve(n) for n in self.reads[node])
         return live
 
-    def dropped(self, outputs: list) -> list[str]:
-        """The named ops the outputs depend on that the sequence neither spells nor names a
-        composite of (see op_graph_and_drops)."""
-        kept = set(self._live(outputs)) | self.absorbed
+    def unspelled(self, outputs: list) -> list:
+        """The named ops the outputs depend on that the sequence does not spell as themselves
+        (see op_graph_and_drops), in the order they ran."""
+        spelled = self._live(outputs)
         reaching, frontier = set(), list(self._makers(outputs))
         while frontier:
             node = frontier.pop()
             if node not in reaching and node.target is not None:
                 reaching.add(node)
                 frontier.extend(self.inputs[node])
-        return [name for op in self.ops if op in reaching and op not in kept
-                and (op.variable or op in self.made_constant) for name in canonical(op)]
+        return [op for op in self.ops if op in reaching and op not in spelled
+                and (op.variable or op in self.made_constant) and canonical(op)]
 
     def names(self, node) -> list[str]:
         return list(self.named[node]) if node in self.named else canonical(node)
