@@ -160,7 +160,8 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
         return None
     for small in smaller:
         try:
-            graph, unspelled = _traced_and_drops(small, checks if small == code else ChecksDevice(seed=checks.seed))
+            graph, unspelled = _traced_and_drops(small, checks if small == code else ChecksDevice(seed=checks.seed),
+                                                 untrusted)
         except Exception:  # sizes the model cannot take, an op without a kernel, memory, ReadingsDisagree, ...
             continue
         if small == code or (not (untrusted and unspelled) and _same_ops_at_its_sizes(code, small)):
@@ -197,30 +198,37 @@ def _traced_on_meta(code: str) -> str:
     return " ".join(op_graph(*_built(code, "meta")))[:MAX_OP_GRAPH]
 
 
-def _traced_and_drops(code: str, checks: ChecksDevice | None = None) -> tuple[str, list[str]]:
+def _traced_and_drops(code: str, checks: ChecksDevice | None = None, untrusted: bool = True) -> tuple[str, list[str]]:
     """On real tensors: (the trace, the ops it leaves unspelled), op_graph_and_drops, read
     with generic weights (`_generic_weights`) and signed inputs unless those leave unspelled
     an op the task's own values spell; ReadingsDisagree where each leaves one the other
-    spells."""
+    spells. For an `untrusted` task the generic values are drawn from a seed it cannot know:
+    a red team's task recognised the checks' first draw by a literal of its first element,
+    and a draw from a known seed is as recognisable (a reference task's are drawn from a
+    fixed one: its trace is cached)."""
     checks = checks or ChecksDevice()
     try:
-        return _traced_and_drops_on(code, checks)
+        return _traced_and_drops_on(code, checks, untrusted)
     except torch.OutOfMemoryError:
         if checks.alone is None:
             raise
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    return _traced_and_drops_on(code, checks.alone)
+    return _traced_and_drops_on(code, checks.alone, untrusted)
 
 
-def _traced_and_drops_on(code: str, checks: ChecksDevice) -> tuple[str, list[str]]:
+def _traced_and_drops_on(code: str, checks: ChecksDevice, untrusted: bool) -> tuple[str, list[str]]:
     checks.start()
     with checks.gate.shared("trace"):
         model, inputs = _built(code, checks.device, checks.seed)
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") if untrusted else GENERIC_SEED)
         generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
         graph, unspelled = op_graph_and_drops(model, inputs, generic, spread=_generic_weights)
     return " ".join(graph)[:MAX_OP_GRAPH], unspelled
+
+
+GENERIC_SEED = 7  # a reference task's generic values
 
 
 def _built(code: str, device: str, seed: int = 0) -> tuple[torch.nn.Module, list]:

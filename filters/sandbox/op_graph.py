@@ -97,21 +97,24 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
     leaves nothing unspelled (filters/sandbox/harness.py).
 
     Read on `generic` inputs, after `spread(model)` gives constant weights a spread, where
-    the task runs the same ops on them (else on its own inputs with the spread weights) and
     that reading leaves unspelled no op, by position, that its own values spell: a gate of
     `relu(x.min())` is zero on signed inputs, `relu(w.min() - 0.99)` of a weight of ones is
     zero once spread, and a gate of `sigmoid(6 x.min())` is small enough on them for a
     composite to take the layer in. Where each reading leaves unspelled an op the other
-    spells: ReadingsDisagree."""
+    spells, or the task runs other ops on the generic values: ReadingsDisagree."""
     own = _Reading(model, inputs)
     if own.symbolic or (generic is None and spread is None):
         return own.sequence, own.unspelled_names
     if spread is not None:
         spread(model)
-    other = next((reading for reading in (_Reading(model, values) for values in (generic, inputs) if values is not None)
-                  if reading.targets == own.targets), None)
-    if other is None or other.unspelled <= own.unspelled:
-        return (other or own).sequence, (other or own).unspelled_names
+    other = _Reading(model, generic if generic is not None else inputs)
+    if other.targets != own.targets:
+        # the task's control flow reads its data (a branch on the size of `x[x < 0]`): a red
+        # team's ran other ops on signed inputs, and its own draw, recognised by a literal of
+        # its first element, hid its GEMM
+        raise ReadingsDisagree("it runs other ops on other values of its inputs")
+    if other.unspelled <= own.unspelled:
+        return other.sequence, other.unspelled_names
     if own.unspelled <= other.unspelled:
         return own.sequence, own.unspelled_names
     raise ReadingsDisagree(f"its own values leave {own.unspelled_names[:4]} unspelled, generic ones "

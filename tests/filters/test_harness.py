@@ -366,6 +366,25 @@ def test_a_value_that_only_looks_like_another_does_not_hide_what_the_task_comput
     assert hidden in graph, graph
 
 
+def test_a_task_that_recognises_the_checks_first_draw_does_not_hide_a_layer_in_it():
+    """A red team's task (session 13, round 3) made its Linear's input constant on the
+    checks' first draw alone, by a literal of that draw's first element (the GEMM of a
+    constant is a per-column shift, read as an affine map), and ran other ops on signed
+    inputs so that the generic reading fell back to the first draw. Its layer is live on
+    every other draw. The generic values come from a seed no task can know, and a task that
+    runs other ops on them is untraced."""
+    torch.manual_seed(1)  # the checks' inputs: seed + 1 (execution.first_inputs)
+    first = float(torch.rand(64, 256)[0, 0])
+    body = ("if x[x < 0].shape[0] > 0:\n    x = x.abs()\n"
+            f"z = x * torch.log(x[0, 0] / {first!r}) + 1.0\n"
+            "return torch.relu(torch.sigmoid(x) + self.linear(z))")
+    task = make_task(body, init="self.linear = nn.Linear(features, features)")
+    assert harness.trace(task) is None
+    plain = make_task("x = x.abs()\n" + body.split("\n", 2)[2], init="self.linear = nn.Linear(features, features)")
+    for _ in range(3):  # without the branch, every generic draw reads the layer
+        assert "mm" in (harness.trace(plain) or ""), harness.trace(plain)
+
+
 def test_a_task_whose_readings_each_leave_out_what_the_other_reads_is_untraced():
     """A Linear and ReLU written out (a broadcast product and a sum, `h * (h > 0)`), beside a
     term zero on the task's own inputs and one zero on signed inputs: at every size each
