@@ -385,6 +385,15 @@ def test_a_task_that_recognises_the_checks_first_draw_does_not_hide_a_layer_in_i
         assert "mm" in (harness.trace(plain) or ""), harness.trace(plain)
 
 
+@pytest.mark.xfail(strict=True, reason="open (red team, session 13, round 4): values are compared at their own "
+                   "magnitude, so a layer added to an intermediate offset by 4,000 and taken off again is read as "
+                   "the offset alone; the fix checks what an alias does to the outputs (issue 28's closing note)")
+def test_a_layer_added_to_a_large_offset_and_taken_off_again_is_read():
+    body = "t = x + 4000.0\ny = t + torch.relu(self.linear(x)) * 0.25\nreturn y - 4000.0"
+    task = make_task(body, init="self.linear = nn.Linear(features, features)", inputs="[torch.randn(batch_size, features)]")
+    assert "mm" in (harness.trace(task) or "mm")
+
+
 def test_a_task_whose_readings_each_leave_out_what_the_other_reads_is_untraced():
     """A Linear and ReLU written out (a broadcast product and a sum, `h * (h > 0)`), beside a
     term zero on the task's own inputs and one zero on signed inputs: at every size each
