@@ -134,15 +134,42 @@ class _Reading:
                 frozenset(), []
             return
         values = _Equivalences(recorder)
+        if not _aliases_hold(model, inputs, values, outputs):
+            raise ReadingsDisagree("a value taken for an earlier one, put in its place, changes what it returns")
         unspelled = values.unspelled(outputs)
         self.sequence = values.sequence(outputs)
         self.unspelled = frozenset(op.index for op in unspelled)
         self.unspelled_names = [name for op in unspelled for name in canonical(op)]
 
 
-def _recorded(model: torch.nn.Module, inputs: list) -> tuple["_Recorder", list]:
+def _aliases_hold(model: torch.nn.Module, inputs: list, values: "_Equivalences", outputs: list) -> bool:
+    """Whether the task returns what it returned with every value taken for an earlier one
+    (`_Equivalences._same`) put in that one's place. Values are compared at their own
+    magnitude, and what matters is what reaches the outputs: a red team's `t = x + 4000`,
+    `y = t + 0.25 relu(linear(x))`, `y - 4000` had `y` taken for `t` (4 an element apart is
+    equal at 4,000) and traced as `add`, though the layer moved its outputs by 0.5."""
+    if not values.alias:
+        return True
+    replace = {op.index: _in_place_of(op.value, same.value) for op, same in values.alias.items()}
+    _, replayed = _recorded(model, inputs, replace)
+    return len(replayed) == len(outputs) and all(
+        a.shape == b.shape and (close(a, b) if a.is_floating_point() else torch.equal(a, b))
+        for a, b in zip(replayed, outputs))
+
+
+def _in_place_of(value: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
+    """`same` in the shape `_same` found `value` equal to it: reshaped, repeated along the
+    batch, or its first block."""
+    if value.numel() == same.numel():
+        return same.reshape(value.shape).to(value.dtype)
+    if value.shape[0] > same.shape[0]:
+        return same.repeat(value.shape[0] // same.shape[0], *[1] * (same.dim() - 1)).to(value.dtype)
+    return same[:value.shape[0]].to(value.dtype)
+
+
+def _recorded(model: torch.nn.Module, inputs: list, replace: dict | None = None) -> tuple["_Recorder", list]:
     variables = [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
-    recorder = _Recorder(variables=variables)
+    recorder = _Recorder(variables=variables, replace=replace)
     with torch.no_grad(), recorder:
         out = model(*inputs)
     return recorder, [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -231,9 +258,10 @@ class _Recorder(TorchDispatchMode):
     recorded) as the ops it is made of: "all" the way down, or only the "outer" one (the
     composites it calls are recorded)."""
 
-    def __init__(self, decompose: str | None = None, variables: list = ()):
+    def __init__(self, decompose: str | None = None, variables: list = (), replace: dict | None = None):
         super().__init__()
         self.decompose, self.decomposing = decompose, False
+        self.replace = replace or {}  # op position -> the value its op returns instead (`_aliases_hold`)
         self.ops: list[_Op] = []
         self.made_by: dict[int, _Op] = {id(t): _Op(None, (), [], t, True) for t in variables}
         self.alive: list = list(variables)  # every tensor seen, so that no id is reused while recording
@@ -258,6 +286,11 @@ class _Recorder(TorchDispatchMode):
                 if node.value is not None and node.value.device.type != "meta":
                     node.value = node.value.clone()
         out = func(*args, **kwargs)
+        if len(self.ops) in self.replace and isinstance(out, torch.Tensor):
+            # into the op's own tensor, strides kept (a later view reads them); a view's value
+            # is its base's already
+            if func._schema.is_mutable or not any(r.alias_info for r in func._schema.returns):
+                out.copy_(self.replace[len(self.ops)])
         inputs = [made[id(t)] for t in read]
         first = next((t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
         op = _Op(func, torch.utils._pytree.tree_map(lambda a: made[id(a)] if isinstance(a, torch.Tensor) else a, args),

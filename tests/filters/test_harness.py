@@ -385,13 +385,18 @@ def test_a_task_that_recognises_the_checks_first_draw_does_not_hide_a_layer_in_i
         assert "mm" in (harness.trace(plain) or ""), harness.trace(plain)
 
 
-@pytest.mark.xfail(strict=True, reason="open (red team, session 13, round 4): values are compared at their own "
-                   "magnitude, so a layer added to an intermediate offset by 4,000 and taken off again is read as "
-                   "the offset alone; the fix checks what an alias does to the outputs (issue 28's closing note)")
-def test_a_layer_added_to_a_large_offset_and_taken_off_again_is_read():
-    body = "t = x + 4000.0\ny = t + torch.relu(self.linear(x)) * 0.25\nreturn y - 4000.0"
+@pytest.mark.parametrize("offset", ["4000.0", "torch.sign(x) * 4000.0"])
+def test_a_layer_added_to_a_large_offset_and_taken_off_again_is_not_hidden(offset):
+    """Values are compared at their own magnitude: at 4,000, 4 an element apart is equal, and
+    a red team's layer (0.5 an element) added to an offset and taken off again was read as
+    the offset alone, `add` (round 4). A value taken for an earlier one must return the same
+    outputs put in its place (`op_graph._aliases_hold`); this one does not, at any size."""
+    body = f"t = x + {offset}\ny = t + torch.relu(self.linear(x)) * 0.25\nreturn y - ({offset})"
     task = make_task(body, init="self.linear = nn.Linear(features, features)", inputs="[torch.randn(batch_size, features)]")
-    assert "mm" in (harness.trace(task) or "mm")
+    graph = harness.trace(task)
+    assert graph is None or "mm" in graph, graph
+    honest = make_task("return (x * 4.0) * 0.25 + torch.relu(self.linear(x))", init="self.linear = nn.Linear(features, features)")
+    assert harness.trace(honest) == "mm add relu add"  # a round trip whose value is the earlier one's stays one
 
 
 def test_a_task_whose_readings_each_leave_out_what_the_other_reads_is_untraced():
