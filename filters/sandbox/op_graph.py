@@ -82,8 +82,9 @@ def op_graph(model: torch.nn.Module, inputs: list, generic: list | None = None) 
 
 
 class ReadingsDisagree(ValueError):
-    """The task's own values and generic ones each leave unspelled an op the other spells:
-    neither sequence reads all the task computes."""
+    """Neither reading reads all the task computes: its own values and generic ones each
+    leave unspelled an op the other spells, it runs other ops on the generic values, or a
+    value taken for an earlier one changes what it returns (`_aliases_hold`)."""
 
 
 def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | None = None,
@@ -148,13 +149,19 @@ def _aliases_hold(model: torch.nn.Module, inputs: list, values: "_Equivalences",
     magnitude, and what matters is what reaches the outputs: a red team's `t = x + 4000`,
     `y = t + 0.25 relu(linear(x))`, `y - 4000` had `y` taken for `t` (4 an element apart is
     equal at 4,000) and traced as `add`, though the layer moved its outputs by 0.5."""
-    if not values.alias:
+    replace = {op.index: _in_place_of(op.value, same.value) for op, same in values.alias.items()
+               if _writes_its_own(op.target)}
+    if not replace:  # none, or views alone: a view's value is its base's already
         return True
-    replace = {op.index: _in_place_of(op.value, same.value) for op, same in values.alias.items()}
     _, replayed = _recorded(model, inputs, replace)
     return len(replayed) == len(outputs) and all(
         a.shape == b.shape and (close(a, b) if a.is_floating_point() else torch.equal(a, b))
         for a, b in zip(replayed, outputs))
+
+
+def _writes_its_own(func) -> bool:
+    """An op whose output is a tensor of its own (or, in place, its input), not a view."""
+    return func._schema.is_mutable or not any(r.alias_info for r in func._schema.returns)
 
 
 def _in_place_of(value: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
@@ -287,10 +294,7 @@ class _Recorder(TorchDispatchMode):
                     node.value = node.value.clone()
         out = func(*args, **kwargs)
         if len(self.ops) in self.replace and isinstance(out, torch.Tensor):
-            # into the op's own tensor, strides kept (a later view reads them); a view's value
-            # is its base's already
-            if func._schema.is_mutable or not any(r.alias_info for r in func._schema.returns):
-                out.copy_(self.replace[len(self.ops)])
+            out.copy_(self.replace[len(self.ops)])  # into the op's own tensor: strides kept (a later view reads them)
         inputs = [made[id(t)] for t in read]
         first = next((t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
         op = _Op(func, torch.utils._pytree.tree_map(lambda a: made[id(a)] if isinstance(a, torch.Tensor) else a, args),
