@@ -9,7 +9,6 @@ child, as before."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,8 +16,8 @@ import pyarrow.parquet as pq
 
 from filters.sandbox.static_check import static_check
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
-from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, load_reference,
-                                          read_tasks, trace_all)
+from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, in_full,
+                                          load_reference, read_tasks, readings, with_graphs)
 from filters.similarity.score import with_graph
 from filters.store import JsonStore
 
@@ -53,22 +52,22 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     return rows
 
 
-def traced_in_batches(reference: ReferenceSet, pool, cache_dir: str | Path) -> ReferenceSet:
+def traced_in_batches(reference: ReferenceSet, pool, cache_dir: str | Path, checks: dict | None = None) -> ReferenceSet:
     """`reference` with each task's op sequence (filters.similarity.reference.traced, in batches)."""
-    return with_graphs(reference, trace_in_batches(list(reference.codes), pool, cache_dir))
-
-
-def with_graphs(reference: ReferenceSet, graphs: list[str | None]) -> ReferenceSet:
-    fingerprints = tuple(with_graph(fp, graph) for fp, graph in zip(reference.fingerprints, graphs))
-    return replace(reference, fingerprints=fingerprints, traced=sum(bool(g) for g in graphs))
+    codes = list(reference.codes)
+    return with_graphs(reference, in_full(codes, readings_in_batches(codes, pool, cache_dir), pool, cache_dir, checks))
 
 
 def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[str | None]:
-    """What `trace_all` returns, from the same cache: the op sequence of each task, or None.
-    The tasks not in the cache that pass the static check are traced `batch` to a child (the
-    others, alone); what a batch leaves when it runs out of time is batched again, and what it
-    leaves after a task changed its process (or all of it, when it failed) is traced one task
-    per child."""
+    """What `trace_all` returns, from the same cache: the op sequence of each task, or None."""
+    return [entry["op_graph"] for entry in readings_in_batches(codes, pool, cache_dir, batch)]
+
+
+def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[dict]:
+    """What `readings` returns, from the same cache. The tasks not in the cache that pass the
+    static check are traced `batch` to a child (the others, alone); what a batch leaves when
+    it runs out of time is batched again, and what it leaves after a task changed its
+    process (or all of it, when it failed) is traced one task per child."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
     missing = [code for code, entry in found.items() if entry is None]
@@ -80,15 +79,16 @@ def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int =
                                                         for part in batches])):
             done = result["metrics"].get("traced", 0) if result["passed"] else 0
             for i, code in enumerate(part[:done]):
-                found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}")}
+                found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}"),
+                               "partial": bool(result["metrics"].get(f"partial_{i}"))}
                 store.put(graph_key(code), found[code])
             rest = part[done:]
             (pending if result["passed"] and not result["metrics"].get("steered") and done else alone).extend(rest)
     if alone:
         log.info("%d tasks traced one per child (a batch failed, or one of its tasks changed its process)", len(alone))
-    for code, graph in zip(alone, trace_all(alone, pool, cache_dir)):
-        found[code] = {"op_graph": graph}
-    return [found[code]["op_graph"] for code in codes]
+    for code, entry in zip(alone, readings(alone, pool, cache_dir)):
+        found[code] = entry
+    return [found[code] for code in codes]
 
 
 def shareable(codes: list[str]) -> tuple[list[str], list[str]]:

@@ -87,7 +87,7 @@ def run(cfg: RunConfig) -> dict:
     workers = cfg.workers or default_workers(device, gpus, cfg.beam_args)
     if reference:  # traced by the pool the run's validation then uses (the same options: the same pool)
         pool = shared_pool(workers, sandbox_options(cfg, device, gpus, workers, out_dir), gpus or None)
-        reference = traced_in_batches(reference, pool, cfg.cache_dir)
+        reference = traced_in_batches(reference, pool, cfg.cache_dir, {"device": device, "seed": cfg.seed})
         log.info("reference traced: %d of %d tasks compared by what they compute", reference.traced,
                  len(reference.fingerprints))
     layered = cfg.sampling == "layers"  # the template composer's chains and the LLM composer's op tuples

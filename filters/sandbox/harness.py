@@ -135,7 +135,21 @@ class ChecksDevice:
     alone: ChecksDevice | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """A trace, and whether it is `partial`: a trusted task's reading at a smaller problem
+    than its own that left named ops unspelled (its own sizes may read more: reference.py
+    reads it again there, where candidates are read)."""
+    graph: str | None
+    partial: bool = False
+
+
 def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None) -> str | None:
+    """`read`'s trace."""
+    return read(code, untrusted, checks).graph
+
+
+def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, own_sizes: bool = False) -> Reading:
     """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit.
@@ -151,13 +165,14 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
     could gain by steering its trace, it keeps the small problem's trace wherever the meta
     device shows the same ops (KernelBench at its full sizes took 115 s, not 39, and 4 of
     200 tasks ran past the worker's 20 s), and one the policy allows is spelled on meta
-    where no reading on real tensors runs."""
+    where no reading on real tensors runs. Such a reading that left ops unspelled is
+    `partial`; `own_sizes` reads a task at its own sizes alone."""
     checks = checks or ChecksDevice()
     graph = None
     try:
-        smaller = dict.fromkeys([*_trace_sizes(code), code])
+        smaller = [code] if own_sizes else dict.fromkeys([*_trace_sizes(code), code])
     except Exception:  # code that does not parse: nothing to trace
-        return None
+        return Reading(None)
     for small in smaller:
         try:
             graph, unspelled = _traced_and_drops(small, checks if small == code else ChecksDevice(seed=checks.seed),
@@ -165,20 +180,20 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
         except Exception:  # sizes the model cannot take, an op without a kernel, memory, ReadingsDisagree, ...
             continue
         if small == code or (not (untrusted and unspelled) and _same_ops_at_its_sizes(code, small)):
-            return graph
-    if untrusted:
+            return Reading(graph, partial=small != code and bool(unspelled))
+    if untrusted or own_sizes:
         # no reading on real tensors stands: on meta its values would go unread, and a round
         # trip around a KernelBench layer (`x * 4 * 0.25`) or a GEMM written as a broadcast
         # product and a sum (a red team's, whose readings disagreed at every size) would be
         # spelled out as its ops, `mul relu mul` or `mul sum`: untraced
-        return None
+        return Reading(None)
     from filters.sandbox.static_check import static_check
     if static_check(code) is not None:  # a reference task, or one `dedupe` was given, the policy refuses
-        return graph
+        return Reading(graph)
     try:
-        return _traced_on_meta(code)
+        return Reading(_traced_on_meta(code))
     except Exception:  # data-dependent code has no value to decide by on meta
-        return None
+        return Reading(None)
 
 
 def _same_ops_at_its_sizes(code: str, small: str) -> bool:

@@ -562,12 +562,16 @@ class _Equivalences:
         return [name for node in nodes if node in names for name in names[node]]
 
     def _live(self, outputs: list) -> set:
+        """The nodes the outputs read, through values that vary: what a value the same
+        whatever the inputs are (`made_constant`) reads reaches no output (a `where` that
+        is all zeros on the task's own inputs left its comparison spelled as `gt`)."""
         live, frontier = set(), [self._resolve(node) for node in self._makers(outputs)]
         while frontier:
             node = frontier.pop()
             if node not in live and node.target is not None:
                 live.add(node)
-                frontier.extend(self._resolve(n) for n in self.reads[node])
+                if node not in self.made_constant:
+                    frontier.extend(self._resolve(n) for n in self.reads[node])
         return live
 
     def unspelled(self, outputs: list) -> list:

@@ -32,7 +32,7 @@ import time
 import torch
 import torch.nn as nn
 
-from filters.sandbox.harness import WARM_UP_TASK, trace
+from filters.sandbox.harness import WARM_UP_TASK, read, trace
 
 # A batch's answer stays well under what a worker's result may hold (worker.MAX_RESULT_BYTES).
 MAX_BATCH_CHARS = 600_000
@@ -53,26 +53,28 @@ TRACER_MODULES = frozenset({"filters.sandbox.op_graph", "filters.sandbox.harness
 
 def trace_batch(codes: list[str]) -> dict:
     """{"traced": k, "steered": bool, "op_graph_0": ..., ..., "op_graph_{k-1}": ...}: the
-    traces of the first k tasks, which no earlier task of the batch can have steered. k is
+    traces of the first k tasks, which no earlier task of the batch can have steered, and
+    `partial_i` where the i-th is a partial reading (harness.Reading). k is
     less than len(codes) when a task changed the process (`steered`: the rest must be traced
     alone), or when the batch used its time or its answer's room (the rest may be batched again)."""
     began = time.monotonic()
     sentinel, before, whole = trace(WARM_UP_TASK), process_state(), torch_state()
-    graphs, trusted, steered = [], 0, False
+    readings, trusted, steered = [], 0, False
     for i, code in enumerate(codes):
-        graphs.append(trace(code, untrusted=False))  # batches trace the reference and `dedupe`'s tasks
+        readings.append(read(code, untrusted=False))  # batches trace the reference and `dedupe`'s tasks
         if (i + 1) % CHECK_EVERY == 0 or i + 1 == len(codes) or time.monotonic() - began > BATCH_BUDGET_S:
             steered = changed(before, process_state())  # by one of the tasks since the last look
             if steered:
                 break
             trusted = i + 1
-            if sum(len(graph or "") for graph in graphs) > MAX_BATCH_CHARS or time.monotonic() - began > BATCH_BUDGET_S:
+            if sum(len(r.graph or "") for r in readings) > MAX_BATCH_CHARS or time.monotonic() - began > BATCH_BUDGET_S:
                 break
     if trace(WARM_UP_TASK) != sentinel or changed(whole, torch_state()):
         # steered where the digest does not look, deeper in torch or in its dispatcher, by a task unknown: none is kept
         trusted, steered = 0, True
     return {"traced": trusted, "steered": steered,
-            **{f"op_graph_{i}": graph for i, graph in enumerate(graphs[:trusted])}}
+            **{f"op_graph_{i}": r.graph for i, r in enumerate(readings[:trusted])},
+            **{f"partial_{i}": True for i, r in enumerate(readings[:trusted]) if r.partial}}
 
 
 def process_state() -> dict:

@@ -190,6 +190,8 @@ def run_job(job: dict, options: dict, reasons) -> dict:
                   "config": {**job["config"], "gpu_alone": alone}}
         traced = _in_child(stored, {**options, "timeout_s": TRACE_LIMIT_S, "alone": alone}, reasons, _trace_child)
         outcome["metrics"]["op_graph"] = traced["metrics"].get("op_graph") if traced["passed"] else None
+        if job["config"].get("trace_only"):  # a reference task's reading at a smaller problem (harness.Reading)
+            outcome["metrics"]["partial"] = bool(traced["passed"] and traced["metrics"].get("partial"))
     return outcome
 
 
@@ -497,12 +499,13 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wai
     def traced() -> dict:
         from filters.sandbox import execution
         from filters.sandbox.checks import DEFAULTS
-        from filters.sandbox.harness import trace
+        from filters.sandbox.harness import read
         execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         sys.addaudithook(_refuse_escapes(workdir))
         cfg = {**DEFAULTS, **job["config"]}
         checks = _checks_device(cfg, options, cfg["gpu_alone"])
-        return accepted({"op_graph": trace(job["code"], untrusted=cfg.get("untrusted", True), checks=checks)})
+        reading = read(job["code"], cfg.get("untrusted", True), checks, cfg.get("own_sizes", False))
+        return accepted({"op_graph": reading.graph, "partial": reading.partial})
     _run_in_child(traced, options, workdir, write_fd)
 
 

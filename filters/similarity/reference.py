@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from filters.similarity.score import Fingerprint, fingerprint, with_graph
 from filters.store import JsonStore
 
-GRAPH_VERSION = 20  # bump when filters/sandbox/op_graph.py canonicalises differently
+GRAPH_VERSION = 22  # bump when filters/sandbox/op_graph.py canonicalises differently
 
 log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -37,10 +37,15 @@ class ReferenceSet:
     traced: int = 0  # how many fingerprints carry a traced op sequence
 
 
-def traced(reference: ReferenceSet, pool, cache_dir: str | Path) -> ReferenceSet:
+def traced(reference: ReferenceSet, pool, cache_dir: str | Path, checks: dict | None = None) -> ReferenceSet:
     """`reference` with each task's op sequence, traced in the sandbox (reference code is
-    code from outside too: a Hub dataset is anyone's). Cached by code and torch version."""
-    graphs = trace_all(list(reference.codes), pool, cache_dir)
+    code from outside too: a Hub dataset is anyone's) and read in full (`in_full`, on the
+    device and seed of `checks`). Cached by code and torch version."""
+    codes = list(reference.codes)
+    return with_graphs(reference, in_full(codes, readings(codes, pool, cache_dir), pool, cache_dir, checks))
+
+
+def with_graphs(reference: ReferenceSet, graphs: list[str | None]) -> ReferenceSet:
     fingerprints = tuple(with_graph(fp, graph) for fp, graph in zip(reference.fingerprints, graphs))
     done = sum(bool(g) for g in graphs)
     if done < len(graphs):
@@ -53,24 +58,53 @@ def trace_all(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool
     """The op sequence of each task (None where it cannot be traced), from the cache or the
     pool; traced as the reference's tasks are, or `as_candidates` are (harness.trace's
     `untrusted`: what a run's accepted task gets)."""
+    return [entry["op_graph"] for entry in readings(codes, pool, cache_dir, as_candidates)]
+
+
+def readings(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool = False) -> list[dict]:
+    """What `trace_all` traces, as the cache holds it: {"op_graph", "partial"} (harness.Reading)."""
+    return _cached([{"code": code, "config": {"trace_only": True, "untrusted": as_candidates}} for code in codes],
+                   [graph_key(code, as_candidates) for code in codes], pool, cache_dir)
+
+
+def in_full(codes: list[str], entries: list[dict], pool, cache_dir: str | Path, checks: dict | None = None) -> list:
+    """Each task's op sequence, a partial reading (harness.Reading: read at a smaller problem,
+    where it left named ops unspelled) read again at the task's own sizes, as a candidate
+    that leaves ops unspelled is, on the checks' device and seed (`checks`); the partial
+    reading is kept where that one fails. A candidate and the task it copies are then read
+    at the same sizes: a copy of KernelBench's Gemm_LogSumExp_LeakyReLU_LeakyReLU_GELU_GELU
+    was read at its own width of 8,192, where the log-sum-exp is positive and the
+    activations after it are identities, and its reference at the small problem."""
+    partial = [i for i, entry in enumerate(entries) if entry.get("partial")]
+    settings = {key: value for key, value in (checks or {}).items() if key in ("device", "seed")}
+    again = _cached([{"code": codes[i], "config": {"trace_only": True, "untrusted": False, "own_sizes": True,
+                                                   **settings}} for i in partial],
+                    [graph_key(codes[i], own_sizes=True, device=settings.get("device", "cpu")) for i in partial],
+                    pool, cache_dir)
+    graphs = [entry["op_graph"] for entry in entries]
+    for i, entry in zip(partial, again):
+        graphs[i] = entry["op_graph"] or graphs[i]
+    return graphs
+
+
+def _cached(jobs: list[dict], keys: list[str], pool, cache_dir: str | Path) -> list[dict]:
     store = JsonStore(Path(cache_dir) / "op_graphs")
-    keys = [graph_key(code, as_candidates) for code in codes]
     found = [store.get(key) for key in keys]
     missing = [i for i, entry in enumerate(found) if entry is None]
-    results = pool.run_many([{"code": codes[i], "config": {"trace_only": True, "untrusted": as_candidates}}
-                             for i in missing]) if missing else []
+    results = pool.run_many([jobs[i] for i in missing]) if missing else []
     for i, result in zip(missing, results):
-        found[i] = {"op_graph": result["metrics"].get("op_graph") if result["passed"] else None}
+        metrics = result["metrics"] if result["passed"] else {}
+        found[i] = {"op_graph": metrics.get("op_graph"), "partial": bool(metrics.get("partial"))}
         if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
             store.put(keys[i], found[i])
-    return [entry["op_graph"] for entry in found]
+    return found
 
 
-def graph_key(code: str, as_candidate: bool = False) -> str:
+def graph_key(code: str, as_candidate: bool = False, own_sizes: bool = False, device: str = "cpu") -> str:
     """The key of a task's traced op sequence in the cache: its code, the tracer and torch
-    (and whether it was traced as a candidate)."""
+    (and whether it was traced as a candidate, or at its own sizes on which device)."""
     import torch
-    mode = "\x00candidate" if as_candidate else ""
+    mode = "\x00candidate" if as_candidate else f"\x00own\x00{device}" if own_sizes else ""
     return hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}{mode}".encode()).hexdigest()
 
 

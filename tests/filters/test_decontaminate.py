@@ -286,3 +286,53 @@ def test_sharing_an_op_is_not_contamination_and_data_dependent_code_is_traced_on
     # it took (tanh, a multiplication) is recorded, and the condition's sum is not
     assert branching.graph == encode(["tanh", "mul"])
     assert index.match(branching, 0.9).similarity < 0.9
+
+
+SIZE_DEPENDENT = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        x = torch.logsumexp(self.linear(x), dim=1, keepdim=True)
+        x = F.leaky_relu(F.leaky_relu(x, 0.01), 0.01)
+        return F.gelu(x)
+
+
+batch_size = 64
+in_features = 128
+out_features = 1024
+
+
+def get_inputs():
+    return [torch.rand(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]
+'''
+
+
+def test_a_reference_task_read_partially_at_the_small_problem_is_read_where_its_copy_is(pool, tmp_path):
+    """At the small problem (a width of 16) the log-sum-exp is at times negative, and the
+    two leaky relus in a row are one: it leaves one unspelled, and a copy (untrusted) is read
+    at its own width of 1,024, where the activations after a positive log-sum-exp are
+    identities. The reference task is read there too, so the copy and its original read alike."""
+    from filters.similarity.reference import readings, trace_all, traced
+    from tests.disguise import EQUIVALENTS
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "lse.py").write_text(SIZE_DEPENDENT)
+    [small] = readings([SIZE_DEPENDENT], pool, tmp_path / "cache")
+    assert small["partial"] and small["op_graph"].split()[-1] == "gelu", small
+    [copy_graph] = trace_all([EQUIVALENTS["leaky_relu"](SIZE_DEPENDENT)], pool, tmp_path / "cache", as_candidates=True)
+    copy = fingerprint(EQUIVALENTS["leaky_relu"](SIZE_DEPENDENT), "copy", copy_graph)
+    assert score(copy, fingerprint(SIZE_DEPENDENT, "small", small["op_graph"])) < 0.9  # what a partial reading missed
+    reference = traced(load_reference(str(tmp_path / "tasks")), pool, tmp_path / "cache")
+    assert reference.fingerprints[0].graph == copy.graph and SimilarityIndex(reference.fingerprints).match(
+        copy, 0.9).similarity > 0.9
