@@ -322,6 +322,22 @@ def test_a_kind_with_nothing_to_rewrite_says_so():
 
 
 
+def _elementwise_task(expression: str) -> str:
+    return ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            f"        return {expression}\n\nbatch_size = 4\nwidth = 16\n\n"
+            "def get_inputs():\n    return [torch.rand(batch_size, width)]\n\ndef get_init_inputs():\n    return []\n")
+
+
+def test_a_relu_written_as_a_where_that_is_all_zeros_on_the_tasks_own_inputs_reads_as_the_relu():
+    """On the task's own inputs (torch.rand, under 1) `x - 1` is all negative: the where is
+    all zeros, a value the same whatever x is, and what it reads (the comparison) reaches
+    no output. On signed inputs it is a relu; KernelBench's Matmul_Subtract_Multiply_ReLU,
+    all zeros on its own inputs too, was read `mm mul add gt` in its where-written copy."""
+    named = _elementwise_task("torch.relu(x - 1)")
+    written = _elementwise_task("torch.where(x - 1 > 0, x - 1, torch.zeros_like(x))")
+    assert trace(written) == trace(named) == "add relu"
+
+
 def test_a_task_that_names_its_batch_otherwise_is_traced_at_a_small_batch():
     code = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
             "        return torch.relu(x)\n\nrows = 65536\nwidth = 512\n\n"
