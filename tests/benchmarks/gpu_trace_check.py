@@ -7,7 +7,9 @@ A task traced at its own sizes is traced where its checks ran, from their seed
 - the trace attacks of tests/filters/test_harness.py, traced with the GPU as the checks' device;
 - fairness: KernelBench tasks and a run's accepted rows traced as a CPU run traces them and as
   a GPU run does now (the same sequence, or where not, why), with the GPU traces' cost, under
-  a worker's share of the GPU's memory.
+  a worker's share of the GPU's memory;
+- the reference read in full: the KernelBench tasks whose small reading is partial, read at
+  their own sizes on the GPU.
 
     python -m tests.benchmarks.gpu_trace_check KERNELBENCH [--rows PARQUET] [--share-gb 16]
 """
@@ -121,6 +123,32 @@ def fairness(name: str, codes: list[str], device: str) -> None:
         print("  untraced:", code.splitlines()[-12:-9])
 
 
+def reference_in_full(codes: list[str], device: str) -> None:
+    """Each reference task read as a GPU run reads it (filters/similarity/reference.py,
+    `in_full`): at the small problem, and where that reading is partial, again at its own
+    sizes on `device` (this CPU-only machine's figures are docs/decontamination.md's)."""
+    own = harness.ChecksDevice(device, alone=harness.ChecksDevice(device, start=lambda: set_share(ALONE_SHARE)))
+    partial, stands, seconds, differ = 0, 0, [], []
+    for code in codes:
+        small = harness.read(code, untrusted=False)
+        if not small.partial:
+            continue
+        partial += 1
+        began = time.perf_counter()
+        full = harness.read(code, untrusted=False, checks=own, own_sizes=True).graph
+        seconds.append(time.perf_counter() - began)
+        stands += full is not None
+        if full is not None and full != small.graph:
+            differ.append((small.graph, full))
+    seconds.sort()
+    print(f"== the reference read in full: {partial} of {len(codes)} partial at the small problem; "
+          f"{stands} read at their own sizes on {device}, {len(differ)} otherwise than at the small problem")
+    if seconds:
+        print(f"own-size reading s on {device}: p50 {statistics.median(seconds):.2f}, max {seconds[-1]:.2f}")
+    for small, full in differ[:12]:
+        print(f"  small {str(small)[:80]!r}\n  full  {str(full)[:80]!r}")
+
+
 def set_share(fraction: float) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_per_process_memory_fraction(min(1.0, fraction))
@@ -145,6 +173,7 @@ def main() -> None:
     test_attacks(args.device)
     reference = load_reference(str(args.kernelbench), tuple(args.levels))
     fairness(f"KernelBench levels {args.levels}", list(reference.codes)[:args.limit], args.device)
+    reference_in_full(list(reference.codes)[:args.limit], args.device)
     if args.rows:
         import pandas as pd
         rows = pd.read_parquet(args.rows, columns=["code"]).sample(frac=1.0, random_state=0)
