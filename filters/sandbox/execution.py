@@ -45,10 +45,12 @@ class Reject(Exception):
 class GpuGate:
     """A reader-writer lock over one GPU shared by several workers, with writer priority.
 
-    Timing is the writer: it closes the gate (no new GPU work may start), waits for the
-    GPU work under way to finish, and measures alone. Every other stretch of GPU work is a
-    reader, held for one step (a build, a forward, a comparison), not a whole check: a timer
-    waits for the longest reader under way, and every other worker waits behind the timer.
+    Timing is the writer: it takes the GPU in a gap between the other workers' steps when
+    one comes soon (POLITE_S), else it closes the gate (no new GPU work may start), waits for
+    the GPU work under way to finish; then it measures alone. Every other stretch of GPU work
+    is a reader, held for one step (a build, a forward, a comparison), not a whole check: a
+    timer that closed the gate waits for the longest reader under way, and every other
+    worker waits behind it.
     Both are flock(2) locks on files beside each other, so they hold across processes and
     are released by the OS if a worker dies. Without a path (CPU) both are no-ops.
     A step that holds the gate past `step_limit_s` ends its process (SIGALRM's default
@@ -95,13 +97,17 @@ class GpuGate:
 
     @contextlib.contextmanager
     def exclusive(self, step: str = "timing"):
+        """The GPU alone: taken in a gap between other workers' steps if one comes within
+        POLITE_S, else by closing the gate and waiting for the steps under way (POLITE_S)."""
         if not self.path:
             yield
             return
         with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
-            fcntl.flock(gate, fcntl.LOCK_EX)
-            fcntl.flock(gpu, fcntl.LOCK_EX)
+            closed = not _in_a_gap(gpu, POLITE_S)
+            if closed:
+                fcntl.flock(gate, fcntl.LOCK_EX)
+                fcntl.flock(gpu, fcntl.LOCK_EX)
             entered = self._entered(began)
             try:
                 yield
@@ -111,7 +117,8 @@ class GpuGate:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
-                fcntl.flock(gate, fcntl.LOCK_UN)
+                if closed:
+                    fcntl.flock(gate, fcntl.LOCK_UN)
                 self.alone_s += self._held(entered, step)
 
     def _entered(self, began: float) -> float:
@@ -138,6 +145,26 @@ class GpuGate:
         return {"gate_wait_ms": self.waited_s * 1e3, "gpu_alone_ms": self.alone_s * 1e3,
                 "gate_shared_ms": self.shared_s * 1e3, "gate_longest_ms": self.longest_s * 1e3,
                 "gate_longest_step": self.longest_step[:200]}
+
+
+# A timer first looks this long for a gap between other workers' steps, stopping none of
+# them; only then does it close the gate, so that it is never starved. Closing it at once
+# stopped every worker behind whichever step was under way when a timer came: on the H200, 8
+# workers waited 483 s at the gate for 25 s of timing (200 candidates, one forward held 8.6 s).
+POLITE_S, GAP_POLL_S = 0.5, 0.002
+
+
+def _in_a_gap(gpu, within_s: float) -> bool:
+    """Whether the GPU lock was taken alone, without waiting on it, within `within_s`."""
+    deadline = time.perf_counter() + within_s
+    while True:
+        try:
+            fcntl.flock(gpu, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.perf_counter() >= deadline:
+                return False
+            time.sleep(GAP_POLL_S)
 
 
 def _lock_file(path: str):

@@ -376,6 +376,9 @@ def _name(node) -> str:
     name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
     packet = getattr(getattr(node.target, "overloadpacket", None), "__name__", name)
     name = packet.strip("_").removeprefix("native_")
+    # a device library's kernel for an op (on an H200, an eval batch norm at its own sizes
+    # read `cudnn_batch_norm` where the CPU runs `native_batch_norm`): the op
+    name = name.removeprefix("cudnn_").removeprefix("miopen_")
     for suffix in SUFFIXES:
         name = name.removesuffix(suffix)
     return name.rstrip("_")

@@ -163,15 +163,19 @@ def main() -> None:
     parser.add_argument("--share-gb", type=float, default=16.0, help="a worker's share of the GPU's memory")
     parser.add_argument("--limit", type=int, help="of the reference's tasks, the first LIMIT")
     parser.add_argument("--attack-only", action="store_true", help="the cross-device attack alone")
+    parser.add_argument("--in-full-only", action="store_true", help="the reference read in full alone")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     if args.device.startswith("cuda"):
         set_share(args.share_gb * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+    reference = load_reference(str(args.kernelbench), tuple(args.levels))
+    if args.in_full_only:
+        reference_in_full(list(reference.codes)[:args.limit], args.device)
+        return
     cross_device_gate(args.device)
     if args.attack_only:
         return
     test_attacks(args.device)
-    reference = load_reference(str(args.kernelbench), tuple(args.levels))
     fairness(f"KernelBench levels {args.levels}", list(reference.codes)[:args.limit], args.device)
     reference_in_full(list(reference.codes)[:args.limit], args.device)
     if args.rows:

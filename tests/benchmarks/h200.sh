@@ -14,7 +14,7 @@
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
 #   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 #   bash tests/benchmarks/h200.sh scale [TASKS]                 # cold and cached crawl on every core; opsynth dedupe on 2 cores
-#   bash tests/benchmarks/h200.sh gputrace [ROWS|none|attack]    # the trace on the checks' device: the attack, fairness on KernelBench and ROWS
+#   bash tests/benchmarks/h200.sh gputrace [ROWS|none|attack|in-full] # the trace on the checks' device: the attack, fairness on KernelBench and ROWS
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -195,6 +195,7 @@ if [ "$STAGE" = gputrace ]; then
     # ROWS "attack": the cross-device attack alone
     rows=(--rows "${1:-.bench/rows/ops6k-500.parquet}"); [ "${1:-}" = attack ] && rows=(--attack-only)
     [ "${1:-}" = none ] && rows=()  # KernelBench alone
+    [ "${1:-}" = in-full ] && rows=(--in-full-only)  # the reference read in full alone
     timeout 540 python3 -m tests.benchmarks.gpu_trace_check "$PWD/.kb/KernelBench" "${rows[@]}" 2>&1 \
         | grep -v "Warning" | tail -60
     exit 0

@@ -208,6 +208,29 @@ def test_a_kernel_one_device_fuses_is_spelled_as_the_parts_another_runs(device):
     assert fused == parts and "tanh" in parts and "fused_rms_norm" not in fused
 
 
+class _BatchNormRelu(nn.Module):
+    """An eval batch norm as the CPU runs it, or as the kernel cuDNN runs for a CUDA tensor."""
+
+    def __init__(self, cudnn: bool):
+        super().__init__()
+        self.norm, self.cudnn = nn.BatchNorm2d(8), cudnn
+
+    def forward(self, x):
+        if self.cudnn:
+            n = self.norm
+            return torch.relu(torch.ops.aten.cudnn_batch_norm(x, n.weight, n.bias, n.running_mean, n.running_var,
+                                                              False, 0.1, 1e-5)[0])
+        return torch.relu(self.norm(x))
+
+
+def test_a_device_librarys_kernel_for_an_op_reads_as_the_op():
+    """On the H200 a task read at its own sizes ran `cudnn_batch_norm` (the CPU runs
+    `native_batch_norm`); cuDNN has no CPU kernel, so the meta device stands in."""
+    x = torch.rand(2, 8, 4, 4, device="meta")
+    cudnn, native = (op_graph(_BatchNormRelu(c).to("meta").eval(), [x]) for c in (True, False))
+    assert cudnn == native == ["batch_norm", "relu"]
+
+
 def test_attention_is_one_op_whichever_kernel_runs_it():
     q = torch.randn(2, 4, 16, 32)
     graph = op_graph(_Attention().eval(), [q])

@@ -151,3 +151,54 @@ def test_a_worker_on_a_shared_gpu_runs_a_job_again_alone_after_its_memory_ran_ou
                                                                        "compile": False}} for code in (hog, fine)])
     assert ran_out["reason"] == "out_of_memory" and ran_out["metrics"].get("retried_alone") is True, ran_out
     assert passed["passed"] and "retried_alone" not in passed["metrics"], passed
+
+
+def test_a_timer_takes_a_gap_between_steps_and_stops_no_worker_while_it_looks_for_one(tmp_path):
+    """A timer that comes while a step is under way does not close the gate at once: a
+    worker's step that starts while the timer looks for a gap runs, and the timer takes the
+    GPU alone as soon as no step holds it. Past POLITE_S it closes the gate (never starved)."""
+    from filters.sandbox import execution
+    path = str(tmp_path / "gpu0.lock")
+    entered = threading.Event()
+    first = threading.Thread(target=_hold, args=(GpuGate(path), 0.3, entered))
+    first.start()
+    entered.wait(5)
+    timer, timed = GpuGate(path), threading.Event()
+
+    def measure():
+        with timer.exclusive():
+            timed.set()
+    measuring = threading.Thread(target=measure)
+    measuring.start()
+    time.sleep(0.05)
+    worker = GpuGate(path)
+    with worker.shared():  # the timer is looking for a gap: this step is not stopped behind it
+        assert not timed.is_set()
+    assert worker.waited_s < 0.1
+    first.join()
+    measuring.join(5)
+    assert timed.is_set() and 0.2 <= timer.waited_s < execution.POLITE_S
+
+
+def test_a_timer_that_finds_no_gap_closes_the_gate(tmp_path, monkeypatch):
+    from filters.sandbox import execution
+    monkeypatch.setattr(execution, "POLITE_S", 0.05)
+    path = str(tmp_path / "gpu0.lock")
+    entered = threading.Event()
+    first = threading.Thread(target=_hold, args=(GpuGate(path), 0.4, entered))
+    first.start()
+    entered.wait(5)
+    closing = GpuGate(path)
+
+    def measure():
+        with closing.exclusive():
+            pass
+    timer = threading.Thread(target=measure)
+    timer.start()
+    time.sleep(0.15)  # past POLITE_S: the gate is closed behind the step under way
+    late = GpuGate(path)
+    with late.shared():
+        pass
+    first.join()
+    timer.join(5)
+    assert late.waited_s >= 0.15  # it waited for the step under way and the timer
