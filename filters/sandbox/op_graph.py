@@ -114,6 +114,9 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
         # team's ran other ops on signed inputs, and its own draw, recognised by a literal of
         # its first element, hid its GEMM
         raise ReadingsDisagree("it runs other ops on other values of its inputs")
+    if own.constant != other.constant:  # the reading on which the outputs vary reads what the task computes
+        varying = other if own.constant else own
+        return varying.sequence, varying.unspelled_names
     if other.unspelled <= own.unspelled:
         return other.sequence, other.unspelled_names
     if own.unspelled <= other.unspelled:
@@ -130,6 +133,7 @@ class _Reading:
         recorder, outputs = _recorded(model, inputs)
         self.targets = [op.target for op in recorder.ops]
         self.symbolic = not outputs or any(t.device.type == "meta" for t in outputs)
+        self.constant = False
         if self.symbolic:
             self.sequence, self.unspelled, self.unspelled_names = named_composites(_primitives(recorder, outputs)), \
                 frozenset(), []
@@ -137,6 +141,9 @@ class _Reading:
         values = _Equivalences(recorder)
         if not _aliases_hold(model, inputs, values, outputs):
             raise ReadingsDisagree("a value taken for an earlier one, put in its place, changes what it returns")
+        # outputs the same whatever the inputs (a degenerate task: KernelBench's
+        # Gemm_Max_Subtract_GELU is zero everywhere) are read through: what made them
+        self.constant = values.through_constants = values.constant(outputs)
         unspelled = values.unspelled(outputs)
         self.sequence = values.sequence(outputs)
         self.unspelled = frozenset(op.index for op in unspelled)
@@ -548,6 +555,7 @@ class _Equivalences:
         self.samples: dict = {}
         self.images: dict = {}
         self.made_constant: set = set()
+        self.through_constants = False
         for op in self.ops:
             if op.variable and _is_float(op.value) and op.value.numel() > 1 and _uniform(op.value):
                 op.variable = False  # `zeros_like(x)`, `x * 0`: the same value whatever x is, a constant
@@ -564,16 +572,21 @@ class _Equivalences:
         _chain_affine_maps([node for node in nodes if node in names], reads, names)
         return [name for node in nodes if node in names for name in names[node]]
 
+    def constant(self, outputs: list) -> bool:
+        """Whether the outputs are the same whatever the inputs, on these values."""
+        return not any(node.variable for node in self._live(outputs))
+
     def _live(self, outputs: list) -> set:
         """The nodes the outputs read, through values that vary: what a value the same
         whatever the inputs are (`made_constant`) reads reaches no output (a `where` that
-        is all zeros on the task's own inputs left its comparison spelled as `gt`)."""
+        is all zeros on the task's own inputs left its comparison spelled as `gt`), unless
+        `through_constants` (outputs that are constant: what made them is all there is)."""
         live, frontier = set(), [self._resolve(node) for node in self._makers(outputs)]
         while frontier:
             node = frontier.pop()
             if node not in live and node.target is not None:
                 live.add(node)
-                if node not in self.made_constant:
+                if node not in self.made_constant or self.through_constants:
                     frontier.extend(self._resolve(n) for n in self.reads[node])
         return live
 

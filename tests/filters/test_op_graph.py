@@ -361,6 +361,18 @@ def test_a_relu_written_as_a_where_that_is_all_zeros_on_the_tasks_own_inputs_rea
     assert trace(written) == trace(named) == "add relu"
 
 
+def test_a_task_whose_output_is_the_same_whatever_its_inputs_reads_as_what_made_it():
+    """KernelBench's Gemm_Max_Subtract_GELU is zero everywhere (a max over a row, less its
+    own mean): read through the constant, as it was before what a constant reads was
+    dropped, so that its copies and it still read alike."""
+    code = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.linear = nn.Linear(16, 16)\n\n    def forward(self, x):\n"
+            "        x = self.linear(x).max(dim=1, keepdim=True).values\n"
+            "        return torch.nn.functional.gelu(x - x.mean(dim=1, keepdim=True))\n\nbatch_size = 4\n\n"
+            "def get_inputs():\n    return [torch.rand(batch_size, 16)]\n\ndef get_init_inputs():\n    return []\n")
+    assert trace(code).startswith("mm add max")
+
+
 def test_a_task_that_names_its_batch_otherwise_is_traced_at_a_small_batch():
     code = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
             "        return torch.relu(x)\n\nrows = 65536\nwidth = 512\n\n"
