@@ -89,7 +89,8 @@ def disguises(reference, index, textual_index, pool, cache, threshold, kinds=Non
         combined = sum(graph is None or index.match(fp, threshold).similarity > threshold
                        for fp, graph in zip(prints, graphs))
         untraced = sum(graph is None for graph in graphs)
-        missed = [fp.name for fp in prints if fp.graph and index.match(fp, threshold).similarity <= threshold]
+        missed = [fp.name for fp, graph in zip(prints, graphs)
+                  if graph is not None and index.match(fp, threshold).similarity <= threshold]
         print(f"  {kind:14s} {textual:3d} -> {combined:3d} of {len(prints)} ({untraced} copies not traceable, "
               "rejected as untraced)"
               + (f"; missed: {', '.join(n.split(' ')[0] for n in missed[:6])}" if missed else ""), flush=True)
