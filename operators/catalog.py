@@ -15,9 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators.probe import probe, probe_inlined
 from operators.records import InlinedOp, OpSpec, SkippedOp
-from operators.sources import library_name, source_for, source_shard
+from operators.libraries import library_name
 
 log = logging.getLogger(__name__)
 CATALOG_VERSION = "7"  # bump when probing rules change, so cached catalogs are rebuilt
@@ -39,6 +38,7 @@ def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSp
     With `processes` > 1 (default: one per core, at most MAX_PROCESSES), each library's
     source is split in that many parts (sources.source_shard), probed in parallel, and the
     results are merged in the source's own order: the catalog is the one-process crawl's."""
+    from operators.sources import source_for  # torch: only a crawl needs it, not a cached catalog
     processes = processes or min(os.cpu_count() or 1, MAX_PROCESSES)
     for library in libraries:  # an unknown --library fails here, before any process starts
         source_for(library)
@@ -68,6 +68,8 @@ def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSp
 def _crawl_part(library: str, shard: int, shards: int) -> list[tuple[tuple, str, OpSpec | SkippedOp]]:
     """(key, name, result) of every entry of one part of a library's source, probed."""
     import torch
+
+    from operators.sources import source_shard
     torch.set_num_threads(1)  # one process a core: probes are small
     out, runnable = [], set()
     with warnings.catch_warnings():
@@ -86,6 +88,7 @@ def _crawl_part(library: str, shard: int, shards: int) -> list[tuple[tuple, str,
 def _probe_entry(entry, library: str | None) -> OpSpec | SkippedOp:
     """A source entry is (name, object[, call recipe]), an InlinedOp or an already decided SkippedOp.
     The library of a named entry is the package its name starts with."""
+    from operators.probe import probe, probe_inlined
     if isinstance(entry, SkippedOp):
         return entry
     if isinstance(entry, InlinedOp):

@@ -15,21 +15,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from operators.libraries import UnknownLibrary
 from operators.transformers_source import transformers_ops
 
 ENTRY_POINT_GROUP = "opsynth.op_sources"
 # A source yields (qualified name, object) pairs, or (name, object, call recipe) when it
 # knows arguments that work (torch's OpInfo samples); the prober fills in the rest.
 OpSource = Callable[[], Iterable[tuple]]
-
-
-class UnknownLibrary(ValueError):
-    """A --library value that is neither a registered source nor an importable module."""
-
-
-def library_name(library: str) -> str:
-    """The library an op of this --library value belongs to: `transformers:llama` -> transformers."""
-    return library.partition(":")[0].split(".")[0]
 
 
 def torch_ops() -> Iterable[tuple[str, object]]:

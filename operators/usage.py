@@ -21,7 +21,7 @@ from typing import Iterable
 
 import torch
 
-from operators.sources import library_name
+from operators.libraries import library_name
 
 CALL = re.compile(r"(?<![\w.)\]])(?<!def )(?<!class )([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\(")
 METHOD_ON_EXPRESSION = re.compile(r"[)\]]\.([A-Za-z_]\w*)\s*\(")

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 from filters.sandbox.pool import HostProblem
-from pipeline.composers.template import SAMPLINGS
-from pipeline.config import ConfigError
+from pipeline.defaults import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_drop_beam_import_noise)
-    from operators.sources import UnknownLibrary
+    from operators.libraries import UnknownLibrary
     try:
         return args.handler(args, beam_args)
     except KeyboardInterrupt:  # finished work is on disk (a crawl writes its catalog only when done)
@@ -97,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--num-samples", type=int, help="accepted samples to reach (default: 8)")
     run.add_argument("--max-candidates", type=int, help="stop composing after this many candidates (default: 64)")
     run.add_argument("--composer", choices=["template", "llm"], help="how candidates are composed")
-    run.add_argument("--sampling", choices=list(SAMPLINGS),
+    run.add_argument("--sampling",  # its values are checked with the configuration's (config.SAMPLINGS)
                      help="template chains: layers (shaped like fused layers, the default) or uniform")
     run.add_argument("--device", help="auto, cpu or cuda[:N] (default: auto)")
     run.add_argument("--seed", type=int, help="run seed: the same seed composes the same candidates")
@@ -193,8 +192,8 @@ def _crawl(args, beam_args) -> int:
     import shutil
 
     from operators.catalog import coverage_summary, load_or_crawl
-    from operators.sources import UnknownLibrary
-    from pipeline.config import DEFAULT_LIBRARIES, default_cache_dir
+    from operators.libraries import DEFAULT_LIBRARIES, UnknownLibrary
+    from pipeline.defaults import default_cache_dir
 
     began = time.perf_counter()
     try:
@@ -241,7 +240,7 @@ def _dedupe(args, beam_args) -> int:
     from filters.similarity.reference import ReferenceSetError
     from filters.sandbox.pool import SandboxOptions, WorkerPool
     from pipeline.dedupe import dedupe_report
-    from pipeline.config import default_cache_dir
+    from pipeline.defaults import default_cache_dir
 
     levels = _levels(args.levels)
     workers = args.workers or min(os.cpu_count() or 1, 8)

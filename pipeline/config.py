@@ -15,10 +15,11 @@ import yaml
 from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.pool import SandboxOptions
 from pipeline.composers.llm import LLMSettings
+from operators.libraries import DEFAULT_LIBRARIES
 from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, SAMPLINGS
+from pipeline.defaults import ConfigError, default_cache_dir
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
-DEFAULT_LIBRARIES = ("torch", "transformers")
 COMPOSERS = ("template", "llm")
 # The llm: keys and their defaults are LLMSettings' own (the run's target_ms is passed apart).
 LLM_DEFAULTS = {f.name: None if f.default is dataclasses.MISSING else f.default
@@ -28,14 +29,6 @@ LLM_DEFAULTS = {f.name: None if f.default is dataclasses.MISSING else f.default
 # Check settings the run sets itself, from its own keys or from where it runs.
 RUN_SETS = {"device", "seed", "atol", "rtol", "determinism_tol", "window_ms", "target_ms", "max_task_memory_gb",
             "memory_budget_gb", "timing_lock"}
-
-
-class ConfigError(ValueError):
-    """A configuration problem the user must fix; the CLI prints it and exits with 2."""
-
-
-def default_cache_dir() -> str:
-    return os.environ.get("OPSYNTH_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opsynth")
 
 
 @dataclass

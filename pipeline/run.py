@@ -29,7 +29,7 @@ from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, Reference
                                           read_tasks)
 from operators.catalog import load_or_crawl
 from operators.records import Candidate, OpSpec, task_id
-from operators.sources import library_name
+from operators.libraries import library_name
 from operators.task import library_ops
 from operators.usage import op_usage
 from outputs.dataset import write_dataset

@@ -6,7 +6,7 @@ import platform
 import sys
 from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
-from operators.sources import library_name
+from operators.libraries import library_name
 from pipeline.config import RunConfig
 
 

@@ -30,7 +30,7 @@ def compose_part(count: int, start: int, step: int) -> list[str]:
     """Template tasks at indexes start, start + step, ... until `count` distinct codes."""
     from operators.catalog import load_or_crawl
     from pipeline.composers.template import TemplateComposer
-    from pipeline.config import default_cache_dir
+    from pipeline.defaults import default_cache_dir
     _, catalog = load_or_crawl(["torch"], Path(default_cache_dir()))
     composer, codes, index = TemplateComposer(catalog), {}, start
     while len(codes) < count:

@@ -32,7 +32,8 @@ from operators.task import library_ops
 from operators.usage import op_usage
 from pipeline.composers.template import SAMPLINGS, CompositionFailed, TemplateComposer
 from outputs.stats import share
-from pipeline.config import DEFAULT_LIBRARIES, RunConfig
+from operators.libraries import DEFAULT_LIBRARIES
+from pipeline.config import RunConfig
 from pipeline.devices import gpu_share_gb
 from pipeline.run_info import shares
 

@@ -27,7 +27,8 @@ from filters.sandbox.pool import WORKER_ENV, SandboxOptions, WorkerPool
 from filters.sandbox.static_check import static_check
 from operators.catalog import load_or_crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
-from pipeline.config import DEFAULT_LIBRARIES, RunConfig
+from operators.libraries import DEFAULT_LIBRARIES
+from pipeline.config import RunConfig
 from pipeline.devices import gpu_share_gb
 
 def main() -> None:

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from operators.catalog import load_or_crawl
 from pipeline.cli import main as opsynth
-from pipeline.config import default_cache_dir
+from pipeline.defaults import default_cache_dir
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ import pytest
 
 from operators.catalog import crawl
 from operators.records import OpSpec
-from operators.sources import ENTRY_POINT_GROUP, UnknownLibrary
+from operators.libraries import UnknownLibrary
+from operators.sources import ENTRY_POINT_GROUP
 
 MODULE = textwrap.dedent('''
     import torch
