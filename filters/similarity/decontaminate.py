@@ -46,6 +46,7 @@ class SimilarityIndex:
     def __init__(self, fingerprints: list[Fingerprint] = ()):
         self.groups: dict[tuple, list[Fingerprint]] = defaultdict(list)
         self.by_op: dict[str, set[tuple]] = defaultdict(set)
+        self.sizes: dict[tuple, int] = {}  # ops in each group's multiset
         self.graphs: list[str] = []  # traced op sequences, and whose they are
         self.graph_names: list[str] = []
         for fp in fingerprints:
@@ -53,6 +54,7 @@ class SimilarityIndex:
 
     def add(self, fp: Fingerprint) -> None:
         self.groups[fp.ops].append(fp)
+        self.sizes[fp.ops] = sum(n for _, n in fp.ops)
         for op, _ in fp.ops:
             self.by_op[op].add(fp.ops)
         if fp.graph:
@@ -62,9 +64,10 @@ class SimilarityIndex:
     def __len__(self) -> int:
         return sum(len(g) for g in self.groups.values())
 
-    def survivors(self, fp: Fingerprint, threshold: float):
-        """Every indexed fingerprint whose bounds allow a textual score above `threshold`."""
-        for key, overlap in self._overlaps(fp):
+    def survivors(self, fp: Fingerprint, threshold: float, overlaps=None):
+        """Every indexed fingerprint whose bounds allow a textual score above `threshold`
+        (`overlaps`: `_overlaps(fp)`, where the caller has them)."""
+        for key, overlap in self._overlaps(fp) if overlaps is None else overlaps:
             if overlap <= threshold:
                 continue
             for other in self.groups[key]:
@@ -77,11 +80,11 @@ class SimilarityIndex:
         return Match(*max(self._textual_match(fp, threshold), computed, key=lambda pair: pair[0]))
 
     def _textual_match(self, fp: Fingerprint, threshold: float) -> tuple[float, str | None]:
-        best = max(((textual_similarity(fp, other), other.name) for other in self.survivors(fp, threshold)),
+        overlaps = list(self._overlaps(fp))
+        best = max(((textual_similarity(fp, other), other.name) for other in self.survivors(fp, threshold, overlaps)),
                    default=None)
         if best:
             return best
-        overlaps = list(self._overlaps(fp))
         if not overlaps:
             return 0.0, None
         key, _ = max(overlaps, key=lambda pair: pair[1])
@@ -97,10 +100,9 @@ class SimilarityIndex:
         keys = set().union(*(self.by_op.get(op, ()) for op, _ in fp.ops))
         mine = dict(fp.ops)
         size = sum(mine.values())
-        for key in keys:
-            theirs = dict(key)
-            shared = sum(min(n, theirs.get(op, 0)) for op, n in mine.items())
-            yield key, shared / (size + sum(theirs.values()) - shared)
+        for key in keys:  # summed over the group's ops: a candidate's helpers can hold ten times as many
+            shared = sum(min(n, mine.get(op, 0)) for op, n in key)
+            yield key, shared / (size + self.sizes[key] - shared)
 
 
 def decontaminate(fingerprints: list[Fingerprint], reference: SimilarityIndex, threshold: float) -> list[Match]:
