@@ -98,7 +98,7 @@ class GpuGate:
     @contextlib.contextmanager
     def exclusive(self, step: str = "timing"):
         """The GPU alone: taken in a gap between other workers' steps if one comes within
-        POLITE_S, else by closing the gate and waiting for the steps under way (POLITE_S)."""
+        POLITE_S, else by closing the gate and waiting for the steps under way."""
         if not self.path:
             yield
             return
