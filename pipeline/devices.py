@@ -80,9 +80,17 @@ def task_memory_budget_gb(gpus: list[int]) -> float:
     later checks hold two more outputs and a second model, about 1.7 times a memory-bound
     chain's forward peak, which a half leaves room for. A third (5.3 GB on the H200) held
     memory-bound chains under 1 ms: 5 GB of traffic is about 1 ms at 4.8 TB/s. A job that
-    still runs out of its worker's share runs again alone (filters/sandbox/worker.py:
+    still runs out of the most one job may hold runs again alone (filters/sandbox/worker.py:
     retried_alone)."""
     return gpu_share_gb(gpus, BUDGET_WORKERS_PER_GPU * len(gpus)) / 2
+
+
+def job_memory_gb(gpus: list[int], workers: int) -> float:
+    """The most GPU memory one job may hold (filters/sandbox/gpu_memory.py): its worker's
+    share, and never less than the share of 8 workers a GPU, twice the task budget, whatever
+    the number of workers. The jobs of a GPU hold what they need of it, counted, so 16 workers
+    do not split it into shares a budget-sized task outgrows."""
+    return gpu_share_gb(gpus, min(workers, BUDGET_WORKERS_PER_GPU * len(gpus)))
 
 
 def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:
@@ -91,7 +99,8 @@ def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, 
         device=device, timeout_s=cfg.timeout_s, max_memory_gb=cfg.max_memory_gb,
         threads=max(1, (os.cpu_count() or 1) // on_host), log_path=str(out_dir / "workers.log"),
         timing_lock_dir=gpu_lock_dir() if device == "cuda" else None,
-        gpu_memory_gb=gpu_share_gb(gpus, on_host) if device == "cuda" else None,
+        gpu_memory_gb=job_memory_gb(gpus, on_host) if device == "cuda" else None,
+        gpu_pool_gb=gpu_share_gb(gpus, len(gpus)) if device == "cuda" else None,
         task_memory_budget_gb=task_memory_budget_gb(gpus) if device == "cuda" else None,
         # until tests/benchmarks/bench_gpu_warm_up.py has shown on a GPU host what each level buys
         gpu_warm_up=os.environ.get("OPSYNTH_GPU_WARM_UP", "imports"))

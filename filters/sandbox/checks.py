@@ -262,8 +262,11 @@ class InTimingWindow(Check):
         """A quick measure (the GPU shared) or a precise one (the GPU alone, after a warm-up), into the metrics."""
         if precise:
             warm_up_calls(t.model, t.inputs, t.device, t.cfg["warmup_ms"], t.gate)  # only measuring holds the GPU alone
-        with t.gate.exclusive("precise timing") if precise else t.gate.shared("quick timing"):
-            eager_ms, peak = measure(t.model, t.inputs, t.cfg, t.device, precise=precise)
+        if precise:
+            with t.gate.exclusive("precise timing"):
+                eager_ms, peak = measure(t.model, t.inputs, t.cfg, t.device, precise=True)
+        else:
+            eager_ms, peak = t.gate.call(measure, t.model, t.inputs, t.cfg, t.device, False)
         t.metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
                          resized=t.code != search.original)
         return eager_ms, peak

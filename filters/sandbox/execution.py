@@ -19,6 +19,8 @@ import types
 
 import torch
 
+from filters.sandbox import gpu_memory
+
 _allclose = torch.allclose
 _isfinite = torch.isfinite
 _equal = torch.equal
@@ -91,9 +93,33 @@ class GpuGate:
                 self.shared_s += self._held(entered, step)
 
     def call(self, step, *args):
-        """`step(*args)` as one stretch of shared GPU work."""
-        with self.shared(getattr(step, "__qualname__", type(step).__name__)):
-            return step(*args)
+        """`step(*args)` as one stretch of shared GPU work. Where the worker counts GPU memory
+        (filters/sandbox/gpu_memory.py), a step that outgrows what its job holds runs again
+        once the job holds more, the gate not held meanwhile. Running a step again is fair to
+        a pure task, and an impure one is refused whatever a first try changed."""
+        name = getattr(step, "__qualname__", type(step).__name__)
+        while True:
+            try:
+                with self.shared(name):
+                    return step(*args)
+            except Exception as error:
+                if self.alone or gpu_memory.held is None or not ran_out_of_gpu_memory(error):
+                    raise
+                failed = error.with_traceback(None)  # the tensors its frames held go with the traceback
+            if not self._grown():
+                raise failed
+
+    def _grown(self) -> bool:
+        """Whether the job now holds more GPU memory (gpu_memory.GpuMemory.grow)."""
+        release(torch.device("cuda"))
+        try:
+            return gpu_memory.held.grow()
+        finally:
+            self._report_wait()
+
+    def _report_wait(self) -> None:
+        """The job's time waiting on other workers: at the gate, and for GPU memory they held."""
+        report_gate_wait(self.waited_s + (gpu_memory.held.waited_s if gpu_memory.held else 0.0))
 
     @contextlib.contextmanager
     def exclusive(self, step: str = "timing"):
@@ -125,7 +151,7 @@ class GpuGate:
         """Count the wait, report it, and arm the step limit; the time the hold began."""
         entered = time.perf_counter()
         self.waited_s += entered - began
-        report_gate_wait(self.waited_s)
+        self._report_wait()
         if self.step_limit_s:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             signal.setitimer(signal.ITIMER_REAL, self.step_limit_s)
@@ -142,7 +168,8 @@ class GpuGate:
         """What a job reports of its gate (nothing on the CPU, where there is none)."""
         if not self.path:
             return {}
-        return {"gate_wait_ms": self.waited_s * 1e3, "gpu_alone_ms": self.alone_s * 1e3,
+        memory = gpu_memory.held.metrics() if gpu_memory.held and not self.alone else {}
+        return {**memory, "gate_wait_ms": self.waited_s * 1e3, "gpu_alone_ms": self.alone_s * 1e3,
                 "gate_shared_ms": self.shared_s * 1e3, "gate_longest_ms": self.longest_s * 1e3,
                 "gate_longest_step": self.longest_step[:200]}
 
@@ -415,14 +442,32 @@ OOM_MESSAGES = ("can't allocate memory", "out of memory", "cannot allocate memor
 OOM_REPORT_FAILED = ("nvmlinit_v2_()", "cudacachingallocator")
 
 
+# What a GPU library says when an allocation fails inside it (cuBLAS and cuSOLVER cannot even
+# make their handle, cuDNN cannot start): the task's error only if the GPU had room for it.
+GPU_ALLOCATION_FAILED = ("alloc_failed", "out of memory", "cudaerrormemoryallocation", "cublas_status_not_initialized",
+                         "cudnn_status_not_initialized", "cusolver_status_not_initialized")
+
+
 def as_reject(error: BaseException, stage: str) -> Reject:
     """Running out of memory is its own reason (the task may fit once re-sized); any other
     exception from the task's code is an eager error."""
-    text = str(error).lower()
-    if (isinstance(error, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MESSAGES)
-            or all(m in text for m in OOM_REPORT_FAILED)):
+    if ran_out_of_memory(error):
         return Reject(stage, "out_of_memory", short(error))
     return Reject(stage, "eager_error", short(error))
+
+
+def ran_out_of_memory(error: BaseException) -> bool:
+    text = str(error).lower()
+    return (isinstance(error, (MemoryError, torch.OutOfMemoryError, gpu_memory.GpuMemoryBusy))
+            or any(m in text for m in OOM_MESSAGES) or all(m in text for m in OOM_REPORT_FAILED))
+
+
+def ran_out_of_gpu_memory(error: BaseException) -> bool:
+    """An allocation on the GPU failed: the allocator's own error (or its failed report of
+    one) or a GPU library's."""
+    text = str(error).lower()
+    return (isinstance(error, torch.OutOfMemoryError) or any(m in text for m in GPU_ALLOCATION_FAILED)
+            or all(m in text for m in OOM_REPORT_FAILED))
 
 
 def short(error: BaseException) -> str:

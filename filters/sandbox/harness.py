@@ -17,6 +17,7 @@ import torch
 from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
 from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, first_inputs, load_task, release,
                                       timed)
+from filters.sandbox.gpu_memory import GpuMemoryBusy
 from filters.sandbox.op_graph import op_graph, op_graph_and_drops
 from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, with_constants
 from filters.sandbox.worker import MAX_OP_GRAPH
@@ -48,7 +49,9 @@ def evaluate(code: str, config: dict) -> dict:
                     check.run(t)
     except Reject as reject:
         return _result(t, False, reject.stage, reject.reason, reject.detail, code)
-    except Exception as error:  # a later stage of the task's own code failed
+    except (Exception, GpuMemoryBusy) as error:
+        # A later stage of the task's own code failed, or other jobs held the GPU memory it
+        # needed: an out_of_memory the worker runs again alone.
         reject = as_reject(error, "execute")
         return _result(t, False, reject.stage, reject.reason, reject.detail, code)
     finally:
@@ -224,7 +227,7 @@ def _traced_and_drops(code: str, checks: ChecksDevice | None = None, untrusted: 
     checks = checks or ChecksDevice()
     try:
         return _traced_and_drops_on(code, checks, untrusted)
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, GpuMemoryBusy):
         if checks.alone is None:
             raise
     gc.collect()
@@ -235,11 +238,14 @@ def _traced_and_drops(code: str, checks: ChecksDevice | None = None, untrusted: 
 
 def _traced_and_drops_on(code: str, checks: ChecksDevice, untrusted: bool) -> tuple[str, list[str]]:
     checks.start()
-    with checks.gate.shared("trace"):
-        model, inputs = _built(code, checks.device, checks.seed)
-        torch.manual_seed(int.from_bytes(os.urandom(8), "little") if untrusted else GENERIC_SEED)
-        generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-        graph, unspelled = op_graph_and_drops(model, inputs, generic, spread=_generic_weights)
+    return checks.gate.call(_read_on, code, checks, untrusted)
+
+
+def _read_on(code: str, checks: ChecksDevice, untrusted: bool) -> tuple[str, list[str]]:
+    model, inputs = _built(code, checks.device, checks.seed)
+    torch.manual_seed(int.from_bytes(os.urandom(8), "little") if untrusted else GENERIC_SEED)
+    generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    graph, unspelled = op_graph_and_drops(model, inputs, generic, spread=_generic_weights)
     return " ".join(graph)[:MAX_OP_GRAPH], unspelled
 
 

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from filters.sandbox import jail, redaction
+from filters.sandbox import gpu_memory, jail, redaction
 from filters.sandbox.resize import as_stored
 from filters.sandbox.worker import MAX_DETAIL, check_result, failure, longest_job_s, receive, send
 
@@ -67,8 +67,11 @@ class SandboxOptions:
     # Workers that share a GPU take turns timing through a lock file per GPU in this folder,
     # which must be local to the host: every run there that times on a GPU takes its turn.
     timing_lock_dir: str | None = None
-    # GPU memory one worker may take (the task cap plus headroom); None leaves it unbounded.
+    # GPU memory one job may hold (the task cap plus headroom); None leaves it unbounded.
     gpu_memory_gb: float | None = None
+    # GPU memory the jobs of one GPU share, counted (gpu_memory.py): each holds what it needs,
+    # up to gpu_memory_gb. None: each worker's job is capped at gpu_memory_gb, counted by no one.
+    gpu_pool_gb: float | None = None
     # GPU memory the timing check's resize search gives one task (None: the task cap). Not the
     # worker's share: a verdict must not change with the number of workers.
     task_memory_budget_gb: float | None = None
@@ -124,6 +127,7 @@ class Worker:
         seccomp = jail.seccomp_pipe()
         options = {"device": self.options.device, "warm_up": self.options.warm_up, "threads": self.options.threads,
                    "timeout_s": self.options.timeout_s, "gpu_memory_gb": self.options.gpu_memory_gb,
+                   "gpu_pool_gb": self.options.gpu_pool_gb,
                    "gpu_warm_up": self.options.gpu_warm_up,
                    "rlimit_gb": self.options.max_memory_gb if self.options.guard() == "rlimit" else None,
                    "rss_limit_gb": self.options.max_memory_gb if self.options.guard() == "rss" else None}
@@ -133,7 +137,9 @@ class Worker:
             extra["CUDA_VISIBLE_DEVICES"] = gpu
         readable: tuple[str, ...] = ()
         if self.options.timing_lock_dir:
-            extra["OPSYNTH_TIMING_LOCK"] = _timing_lock(self.options.timing_lock_dir, gpu)
+            extra["OPSYNTH_TIMING_LOCK"] = lock = _timing_lock(self.options.timing_lock_dir, gpu)
+            if self.options.gpu_pool_gb:
+                gpu_memory.make_units(lock, gpu_memory.units_in(self.options.gpu_pool_gb))
             readable = (self.options.timing_lock_dir,)
         argv = [sys.executable, "-m", "filters.sandbox.worker", str(job_r), str(result_w), json.dumps(options)]
         command = jail.command(argv, gpu=self.options.device.startswith("cuda"), env=jail.environment(extra),

@@ -195,20 +195,15 @@ def run_job(job: dict, options: dict, reasons) -> dict:
     return outcome
 
 
-# What a GPU library says when an allocation fails inside it (cuBLAS and cuSOLVER cannot even
-# make their handle, cuDNN cannot start): the task's error only if the GPU had room for it.
-GPU_ALLOCATION_FAILED = ("alloc_failed", "out of memory", "cudaerrormemoryallocation", "cublas_status_not_initialized",
-                         "cudnn_status_not_initialized", "cusolver_status_not_initialized")
-
-
 def gpu_memory_ran_out(outcome: dict, options: dict, config: dict) -> bool:
     """Whether a check ended because an allocation on a shared GPU failed: the task ran out
-    of its worker's share, or of what the other workers left. That is no verdict on the task
+    of the most its job may hold, or the other jobs held what it needed. That is no verdict on the task
     until it has run with the GPU's memory to itself (`retried_alone`)."""
     if outcome["passed"] or outcome["stage"] == "sandbox" or config.get("gpu_alone"):
         return False  # a host memory limit, a crash or a timeout is the task's own; one retry at most
     if not (options.get("device", "cpu").startswith("cuda") and options.get("gpu_memory_gb")):
         return False
+    from filters.sandbox.execution import GPU_ALLOCATION_FAILED
     text = outcome["detail"].lower()
     return outcome["reason"] == "out_of_memory" or (outcome["reason"] == "eager_error"
                                                     and any(m in text for m in GPU_ALLOCATION_FAILED))
@@ -572,12 +567,24 @@ def _start_cuda(options: dict) -> None:
     long, and every timer, and every worker behind the timer, waited for it. Trusted code,
     in the job's own process: nothing of it outlives the job."""
     import torch
+
+    from filters.sandbox import execution, gpu_memory
     if options.get("gpu_memory_gb"):
-        # Workers share the GPU: none may take more than its share, but a job run again alone
-        # (`retried_alone`) may take what the GPU has free.
+        # Workers share the GPU: a job holds what it needs of the GPU's counted memory, up to
+        # the most one job may hold (gpu_memory.py), or without a count, its worker's share;
+        # a job run again alone (`retried_alone`) may take what the GPU has free.
         total = torch.cuda.get_device_properties(0).total_memory
-        share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
-        torch.cuda.set_per_process_memory_fraction(min(1.0, share))
+        lock = os.environ.get("OPSYNTH_TIMING_LOCK")
+        if options.get("gpu_pool_gb") and lock and not options.get("alone"):
+            if gpu_memory.held is not None:  # started before, in this process: what it holds stands
+                return
+            gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
+                                                   int(options["gpu_memory_gb"] * 2**30), total)
+            gpu_memory.held.start()
+            execution.report_gate_wait(gpu_memory.held.waited_s)
+        else:
+            share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
+            torch.cuda.set_per_process_memory_fraction(min(1.0, share))
     a = torch.ones(8, 8, device="cuda")
     torch.mm(a, a)
     torch.cuda.synchronize()

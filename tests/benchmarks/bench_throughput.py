@@ -182,11 +182,24 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
         "bounds_accepted_per_hour": bounds(len(records), accepted, job_s, metrics, alone_s),
         "wasted": wasted,
         "retried_alone": {"jobs": len(retried), "accepted": sum(bool(v["passed"]) for v in retried)},
+        "gpu_memory": counted_memory(metrics),
         "accepted_eager_ms": percentiles([_num(m, "eager_ms") for v, m in zip(verdicts, metrics) if v["passed"]]),
         "accepted_resized_share": round(sum(bool(m.get("resized")) for v, m in zip(verdicts, metrics) if v["passed"])
                                         / max(accepted, 1), 3),
         "rejected_by_reason": dict(Counter(v["reason"] for v in verdicts if not v["passed"]).most_common()),
     }
+
+
+def counted_memory(metrics: list[dict]) -> dict:
+    """What the jobs held of the GPU's counted memory (filters/sandbox/gpu_memory.py): how
+    many outgrew what they started with, the seconds they waited for others' memory, and
+    the GiB each held at its end."""
+    counted = [m for m in metrics if "gpu_memory_held_mb" in m]
+    held_gb = sorted(_num(m, "gpu_memory_held_mb") / 2**10 for m in counted)
+    return {"jobs": len(counted), "grown_jobs": sum(_num(m, "gpu_memory_grown") > 0 for m in counted),
+            "wait_s": round(sum(_num(m, "gpu_memory_wait_ms") for m in counted) / 1e3, 1),
+            "held_gb_p50": held_gb[len(held_gb) // 2] if held_gb else None,
+            "held_gb_max": held_gb[-1] if held_gb else None}
 
 
 def percentiles(values: list[float]) -> dict:
@@ -200,12 +213,12 @@ def percentiles(values: list[float]) -> dict:
 
 def bounds(candidates: int, accepted: int, job_s: float, metrics: list[dict], alone_s: float) -> dict:
     """The rates the host's two resources allow at this acceptance share: every core busy
-    with the jobs' own work (their wall less their wait at the gate), and the GPU doing
+    with the jobs' own work (their wall less their wait at the gate and for GPU memory), and the GPU doing
     nothing but the timers' exclusive holds back to back."""
     if not candidates or not accepted:
         return {}
     share = accepted / candidates
-    busy_s = job_s - sum(_num(m, "gate_wait_ms") for m in metrics) / 1e3
+    busy_s = job_s - sum(_num(m, "gate_wait_ms") + _num(m, "gpu_memory_wait_ms") for m in metrics) / 1e3
     cores = os.cpu_count() or 1
     return {"cores": round(cores * 3600 / (busy_s / candidates) * share) if busy_s > 0 else None,
             "gpu_alone": round(3600 / (alone_s / candidates) * share) if alone_s > 0 else None}
@@ -249,6 +262,7 @@ def print_report(s: dict) -> None:
     print(f"wasted: {w['repeats']} repeats ({w['repeats_worker_s']} worker-s), {w['nan_or_inf']} nan_or_inf "
           f"({w['nan_or_inf_worker_s']} worker-s); retried alone after a GPU memory failure: "
           f"{s['retried_alone']['jobs']} ({s['retried_alone']['accepted']} then accepted)")
+    print("GPU memory counted:", json.dumps(s["gpu_memory"]))
     print("accepted eager ms:", json.dumps(s["accepted_eager_ms"]), "re-sized share", s["accepted_resized_share"])
     print("rejected by reason:", json.dumps(s["rejected_by_reason"]))
 

@@ -1,0 +1,179 @@
+"""The GPU's memory counted per job (filters/sandbox/gpu_memory.py): a job holds what it grew
+to, never what another holds; the OS frees what a dead job held; a step that outgrows what
+its job holds runs again once it holds more, and a job the others crowd out is handed back
+for a run alone, not judged. The units are flock(2)s on files, the same code on the CPU as on
+a GPU; only the allocator's cap is not set here (there is no CUDA allocator)."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from filters.sandbox import gpu_memory
+from filters.sandbox.execution import GpuGate
+from filters.sandbox.gpu_memory import UNIT_BYTES, GpuMemory, GpuMemoryBusy, make_units
+from filters.sandbox.harness import evaluate
+from filters.sandbox.worker import gpu_memory_ran_out
+
+GIB = 2**30
+
+
+@pytest.fixture
+def lock(tmp_path) -> str:
+    """A GPU of 4 GiB counted in 8 units, as the pool makes it."""
+    path = str(tmp_path / "gpu0.lock")
+    make_units(path, 8)
+    return path
+
+
+def _job(lock: str, most_gib: float = 4) -> GpuMemory:
+    memory = GpuMemory(lock, 8, int(most_gib * GIB), None)
+    memory.start()
+    return memory
+
+
+def test_a_job_starts_small_and_grows_by_doubling_up_to_the_most_it_may_hold(lock):
+    job = _job(lock, most_gib=3)
+    assert job.held_bytes == GIB
+    assert job.grow() and job.held_bytes == 2 * GIB
+    assert job.grow() and job.held_bytes == 3 * GIB  # the most a job may hold, not twice
+    assert not job.grow() and job.held_bytes == 3 * GIB  # beyond it, the out-of-memory is the task's own
+    assert job.metrics()["gpu_memory_grown"] == 2
+
+
+def test_jobs_never_hold_the_same_memory_and_a_crowded_out_one_gives_up(lock, monkeypatch):
+    monkeypatch.setattr(gpu_memory, "GROW_WAIT_S", 0.2)
+    first, second = _job(lock), _job(lock)
+    assert first.grow() and not set(first.held) & set(second.held)  # 2 + 1 of 4 GiB
+    assert second.grow()  # the last 1 GiB
+    with pytest.raises(GpuMemoryBusy, match="held"):
+        first.grow()  # 4 GiB wanted, 2 held by the other job
+    assert len(first.held) == 4 and len(second.held) == 4  # a failed try gives back what it took
+    assert first.waited_s >= 0.2
+
+
+def test_what_a_dead_job_held_comes_free(lock, monkeypatch):
+    monkeypatch.setattr(gpu_memory, "GROW_WAIT_S", 2.0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a job that holds 3 GiB of 4 and is killed
+        try:
+            holder = _job(lock)
+            holder.grow()
+            holder._hold(6, 0)
+            os.write(write, b"x")
+            signal.pause()
+        finally:
+            os._exit(1)
+    os.read(read, 1)
+    survivor = _job(lock)
+    assert len(survivor.held) == 2  # the only free GiB... and the dead job's
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert survivor.grow() and survivor.grow() and survivor.held_bytes == 4 * GIB
+
+
+class _Needs:
+    """A step that runs out of GPU memory until its job holds `needed` bytes."""
+
+    def __init__(self, needed: int, error=torch.OutOfMemoryError):
+        self.needed, self.error, self.calls = needed, error, 0
+
+    def __call__(self, value):
+        self.calls += 1
+        if gpu_memory.held.held_bytes < self.needed:
+            raise self.error("CUDA out of memory. Tried to allocate 1.50 GiB")
+        return value
+
+
+def test_a_step_that_outgrows_its_job_runs_again_once_the_job_holds_more(lock, monkeypatch):
+    monkeypatch.setattr(gpu_memory, "held", _job(lock))
+    gate = GpuGate(lock)
+    step = _Needs(4 * GIB)
+    assert gate.call(step, "out") == "out" and step.calls == 3  # 1 -> 2 -> 4 GiB
+    cublas = _Needs(2 * GIB + UNIT_BYTES, RuntimeError)  # a GPU library's allocation failure, in its words
+    assert GpuGate(lock).call(cublas, 1) == 1 and gpu_memory.held.held_bytes == 4 * GIB
+
+
+class _ReportFails(_Needs):
+    """Where NVML cannot start in the jail (the H200 host's), the allocator's out-of-memory
+    surfaces as an internal assert of its report: it was taken for the task's own at 1 GiB."""
+
+    def __call__(self, value):
+        self.calls += 1
+        if gpu_memory.held.held_bytes < self.needed:
+            raise RuntimeError("NVML_SUCCESS == DriverAPI::get()->nvmlInit_v2_() INTERNAL ASSERT FAILED at "
+                               "\"/pytorch/c10/cuda/CUDACachingAllocator.cpp\":1131")
+        return value
+
+
+def test_an_out_of_memory_whose_report_failed_grows_the_job_too(lock, monkeypatch):
+    monkeypatch.setattr(gpu_memory, "held", _job(lock))
+    step = _ReportFails(2 * GIB)
+    assert GpuGate(lock).call(step, 0) == 0 and step.calls == 2
+
+
+def test_a_step_past_the_most_a_job_may_hold_fails_with_its_own_error_and_others_are_not_retried(lock, monkeypatch):
+    monkeypatch.setattr(gpu_memory, "held", _job(lock, most_gib=2))
+    step = _Needs(3 * GIB)
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
+        GpuGate(lock).call(step, 0)
+    assert step.calls == 2  # once at 1 GiB, once at 2: then the task's own
+
+    def wrong_shapes():
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    with pytest.raises(RuntimeError, match="shapes"):
+        GpuGate(lock).call(wrong_shapes)
+    alone = _Needs(3 * GIB)
+    with pytest.raises(torch.OutOfMemoryError):
+        GpuGate(lock, alone=True).call(alone, 0)  # a job run alone holds the GPU's memory, counted by no one
+    assert alone.calls == 1
+
+
+CROWDED_TASK = """\
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        if x.numel() > 0:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 3.00 GiB")
+        return x
+
+def get_inputs():
+    return [torch.randn(4, 4)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_job_crowded_out_of_gpu_memory_is_no_verdict_and_runs_again_alone(lock, monkeypatch):
+    """The checks see an out-of-memory that the worker retries alone, whichever step it hit:
+    never a size signal for the resize search, never an eager error."""
+    monkeypatch.setattr(gpu_memory, "GROW_WAIT_S", 0.1)
+    others = _job(lock)
+    others._hold(6, 0)  # every unit but the job's own
+    monkeypatch.setattr(gpu_memory, "held", _job(lock))  # not a unit free for it to grow into
+    verdict = evaluate(CROWDED_TASK, {"timing_lock": lock})
+    assert (verdict["stage"], verdict["reason"]) == ("execute", "out_of_memory")
+    assert "other jobs on this GPU held" in verdict["detail"]
+    assert gpu_memory_ran_out(verdict, {"device": "cuda", "gpu_memory_gb": 2.0}, {})
+
+
+def test_the_units_are_made_for_a_jailed_worker_to_read_whatever_the_pools_umask(tmp_path):
+    """A worker runs as another uid with the lock folder read-only: a unit it cannot open is
+    memory no job can hold."""
+    path = str(tmp_path / "gpu0.lock")
+    old = os.umask(0o077)
+    try:
+        make_units(path, 3)
+        make_units(path, 3)  # every worker's start makes them again: the same files
+    finally:
+        os.umask(old)
+    folder = gpu_memory.units_folder(path)
+    assert sorted(os.listdir(folder)) == ["0000", "0001", "0002"]
+    assert os.stat(folder).st_mode & 0o777 == 0o755
+    assert {os.stat(os.path.join(folder, name)).st_mode & 0o777 for name in os.listdir(folder)} == {0o644}
