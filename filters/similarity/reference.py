@@ -54,17 +54,21 @@ def with_graphs(reference: ReferenceSet, graphs: list[str | None]) -> ReferenceS
     return replace(reference, fingerprints=fingerprints, traced=done)
 
 
-def trace_all(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool = False) -> list[str | None]:
+def trace_all(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool = False,
+              device: str = "cpu") -> list[str | None]:
     """The op sequence of each task (None where it cannot be traced), from the cache or the
     pool; traced as the reference's tasks are, or `as_candidates` are (harness.trace's
-    `untrusted`: what a run's accepted task gets)."""
-    return [entry["op_graph"] for entry in readings(codes, pool, cache_dir, as_candidates)]
+    `untrusted`: what a run's accepted task gets, read at its own sizes on `device` where
+    the small problem leaves an op unspelled)."""
+    return [entry["op_graph"] for entry in readings(codes, pool, cache_dir, as_candidates, device)]
 
 
-def readings(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool = False) -> list[dict]:
+def readings(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool = False,
+             device: str = "cpu") -> list[dict]:
     """What `trace_all` traces, as the cache holds it: {"op_graph", "partial"} (harness.Reading)."""
-    return _cached([{"code": code, "config": {"trace_only": True, "untrusted": as_candidates}} for code in codes],
-                   [graph_key(code, as_candidates) for code in codes], pool, cache_dir)
+    on = {"device": device} if device != "cpu" else {}
+    return _cached([{"code": code, "config": {"trace_only": True, "untrusted": as_candidates, **on}} for code in codes],
+                   [graph_key(code, as_candidates, device=device) for code in codes], pool, cache_dir)
 
 
 def in_full(codes: list[str], entries: list[dict], pool, cache_dir: str | Path, checks: dict | None = None) -> list:
@@ -104,7 +108,8 @@ def graph_key(code: str, as_candidate: bool = False, own_sizes: bool = False, de
     """The key of a task's traced op sequence in the cache: its code, the tracer and torch
     (and whether it was traced as a candidate, or at its own sizes on which device)."""
     import torch
-    mode = "\x00candidate" if as_candidate else f"\x00own\x00{device}" if own_sizes else ""
+    mode = f"\x00own\x00{device}" if own_sizes else "" if device == "cpu" else f"\x00on\x00{device}"
+    mode = ("\x00candidate" if as_candidate else "") + mode
     return hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}{mode}".encode()).hexdigest()
 
 

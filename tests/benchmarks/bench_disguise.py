@@ -1,6 +1,6 @@
 """Decontamination against disguise, on a real KernelBench checkout.
 
-    python -m tests.benchmarks.bench_disguise /path/to/KernelBench [--candidates 1000] [--workers 2]
+    python -m tests.benchmarks.bench_disguise /path/to/KernelBench [--candidates 1000] [--workers 2] [--device cuda]
 
 Every task of levels 1-3 is traced in the sandbox, then disguised in each way of
 tests/disguise.py (sizes as products, aliased imports, an identity op, a helper method,
@@ -43,17 +43,21 @@ def main() -> None:
     parser.add_argument("--tasks", default=None, help="a folder of .py candidates (default: compose template ones)")
     parser.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3], help="KernelBench levels to disguise")
     parser.add_argument("--no-templates", action="store_true", help="skip the template candidates and the speed run")
+    parser.add_argument("--device", default="cpu", help="where a copy (and a reference task) is read at its own "
+                        "sizes, as a run's checks would have run it: cpu or cuda")
     args = parser.parse_args()
     cache = args.cache_dir or tempfile.mkdtemp(prefix="opsynth-bench-disguise-")
 
-    with WorkerPool(args.workers, SandboxOptions(timeout_s=120, threads=1, warm_up=False)) as pool:
+    with WorkerPool(args.workers, sandbox_options(args.device, args.workers)) as pool:
         began = time.perf_counter()
-        reference = traced(load_reference(args.kernelbench, tuple(args.levels)), pool, cache)
+        reference = traced(load_reference(args.kernelbench, tuple(args.levels)), pool, cache,
+                           {"device": args.device, "seed": 0})
         print(f"reference: {len(reference.fingerprints)} tasks, {reference.traced} traced "
               f"in {time.perf_counter() - began:.0f} s")
         index = SimilarityIndex(reference.fingerprints)
         textual_index = SimilarityIndex([replace(fp, graph="") for fp in reference.fingerprints])
-        copies = disguises(reference, index, textual_index, pool, cache, args.threshold, args.kinds, args.levels)
+        copies = disguises(reference, index, textual_index, pool, cache, args.threshold, args.kinds, args.levels,
+                           args.device)
         false_positives(reference, args.threshold)
         if args.no_templates:  # the traced disguised copies stand in for candidates: all are near a reference task
             speed([fp for fp, _ in copies], [code for _, code in copies], index, args.threshold)
@@ -65,7 +69,18 @@ def main() -> None:
     speed(fingerprints, codes, index, args.threshold)
 
 
-def disguises(reference, index, textual_index, pool, cache, threshold, kinds=None, levels=(1, 2, 3)) -> list:
+def sandbox_options(device: str, workers: int) -> SandboxOptions:
+    """The pool's options; on a GPU, a run's: the timing lock and GPU memory counted per job."""
+    if device == "cpu":
+        return SandboxOptions(timeout_s=120, threads=1, warm_up=False)
+    from pipeline.devices import gpu_lock_dir, gpu_share_gb, job_memory_gb
+    return SandboxOptions(device=device, timeout_s=120, threads=1, warm_up=False, memory_guard="rss",
+                          timing_lock_dir=gpu_lock_dir(), gpu_memory_gb=job_memory_gb([0], workers),
+                          gpu_pool_gb=gpu_share_gb([0], 1))
+
+
+def disguises(reference, index, textual_index, pool, cache, threshold, kinds=None, levels=(1, 2, 3),
+              device: str = "cpu") -> list:
     """Each kind of disguise of every task it applies to (a written form needs the op it
     rewrites), traced and matched against the whole reference. Returns the traced copies,
     (fingerprint, code)."""
@@ -82,7 +97,7 @@ def disguises(reference, index, textual_index, pool, cache, threshold, kinds=Non
                 copies.append((fp.name, disguise(code)))
             except (StopIteration, SyntaxError, ValueError, IndexError, NotApplicable):  # nothing to rewrite
                 continue
-        graphs = trace_all([code for _, code in copies], pool, cache, as_candidates=True)
+        graphs = trace_all([code for _, code in copies], pool, cache, as_candidates=True, device=device)
         prints = [fingerprint(code, name, graph) for (name, code), graph in zip(copies, graphs)]
         textual = sum(textual_index.match(fp, threshold).similarity > threshold for fp in prints)
         # a copy whose trace failed is rejected as `untraced` in a run (pipeline/transforms.py)

@@ -15,6 +15,7 @@
 #   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 #   bash tests/benchmarks/h200.sh scale [TASKS]                 # cold and cached crawl on every core; opsynth dedupe on 2 cores
 #   bash tests/benchmarks/h200.sh gputrace [ROWS|none|attack|in-full] # the trace on the checks' device: the attack, fairness on KernelBench and ROWS
+#   bash tests/benchmarks/h200.sh disguise [KINDS...]             # bench_disguise, copies read at their own sizes on the GPU
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -186,6 +187,14 @@ if [ "$STAGE" = scale ]; then
     echo "== opsynth dedupe: ${1:-10000} external tasks on 2 cores (composing them first takes minutes)"
     python3 -m tests.benchmarks.bench_dedupe "$PWD/.kb/KernelBench" --tasks "${1:-10000}" --workers 2 --cores 2 \
         --alone 300 --work /tmp/bench-dedupe 2>&1 | tail -12
+    exit 0
+fi
+if [ "$STAGE" = disguise ]; then
+    # bench_disguise with copies (and partial reference tasks) read at their own sizes on the GPU,
+    # as a run's checks run them: KINDS of tests/disguise.py (default: batch_twice all_at_once)
+    kinds=("$@"); [ ${#kinds[@]} -eq 0 ] && kinds=(batch_twice all_at_once)
+    timeout 540 python3 -m tests.benchmarks.bench_disguise "$PWD/.kb/KernelBench" --levels 1 2 --no-templates \
+        --workers 8 --device cuda --cache-dir /tmp/disguise-cache --kinds "${kinds[@]}" 2>&1 | grep -v "Warning" | tail -30
     exit 0
 fi
 if [ "$STAGE" = gputrace ]; then
