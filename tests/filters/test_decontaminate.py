@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from filters.similarity.decontaminate import SimilarityIndex, dedupe
-from filters.similarity.reference import ReferenceSetError, load_reference
+from filters.similarity.reference import ReferenceSetError, graph_key, load_reference
 from filters.similarity.score import encode, fingerprint, score
 from pipeline.composers.template import TemplateComposer
 from pipeline.cli import main
@@ -336,3 +336,13 @@ def test_a_reference_task_read_partially_at_the_small_problem_is_read_where_its_
     reference = traced(load_reference(str(tmp_path / "tasks")), pool, tmp_path / "cache")
     assert reference.fingerprints[0].graph == copy.graph and SimilarityIndex(reference.fingerprints).match(
         copy, 0.9).similarity > 0.9
+
+
+def test_a_reading_is_cached_apart_for_each_way_and_device_it_was_read():
+    """A copy read at its own sizes on a GPU must not be served a CPU reading (its values,
+    and so its reading, can differ), nor a candidate's reading a reference task's."""
+    code = "class Model: pass\n"
+    keys = {graph_key(code), graph_key(code, as_candidate=True), graph_key(code, as_candidate=True, device="cuda"),
+            graph_key(code, own_sizes=True), graph_key(code, own_sizes=True, device="cuda")}
+    assert len(keys) == 5
+    assert graph_key(code, as_candidate=True, device="cuda") == graph_key(code, as_candidate=True, device="cuda")
