@@ -465,9 +465,13 @@ def ran_out_of_memory(error: BaseException) -> bool:
 def ran_out_of_gpu_memory(error: BaseException) -> bool:
     """An allocation on the GPU failed: the allocator's own error (or its failed report of
     one) or a GPU library's."""
-    text = str(error).lower()
-    return (isinstance(error, torch.OutOfMemoryError) or any(m in text for m in GPU_ALLOCATION_FAILED)
-            or all(m in text for m in OOM_REPORT_FAILED))
+    return isinstance(error, torch.OutOfMemoryError) or gpu_allocation_failed(str(error))
+
+
+def gpu_allocation_failed(text: str) -> bool:
+    """Whether an error's text says a GPU allocation failed (the worker reads it from a verdict's detail)."""
+    text = text.lower()
+    return any(m in text for m in GPU_ALLOCATION_FAILED) or all(m in text for m in OOM_REPORT_FAILED)
 
 
 def short(error: BaseException) -> str:

@@ -75,8 +75,7 @@ class GpuMemory:
     def start(self) -> None:
         """Hold START_BYTES, waiting as long as it takes: a job that holds nothing keeps no
         one waiting, and other jobs' units come free as they end."""
-        if not self._hold(min(self.most, math.ceil(START_BYTES / UNIT_BYTES)), math.inf):
-            raise GpuMemoryBusy("no GPU memory came free")  # unreachable: the wait has no end
+        self._hold(min(self.most, math.ceil(START_BYTES / UNIT_BYTES)), math.inf)
 
     def grow(self) -> bool:
         """Hold twice as much, up to the most a job may hold. False when the job already

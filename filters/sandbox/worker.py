@@ -203,10 +203,9 @@ def gpu_memory_ran_out(outcome: dict, options: dict, config: dict) -> bool:
         return False  # a host memory limit, a crash or a timeout is the task's own; one retry at most
     if not (options.get("device", "cpu").startswith("cuda") and options.get("gpu_memory_gb")):
         return False
-    from filters.sandbox.execution import GPU_ALLOCATION_FAILED
-    text = outcome["detail"].lower()
+    from filters.sandbox.execution import gpu_allocation_failed
     return outcome["reason"] == "out_of_memory" or (outcome["reason"] == "eager_error"
-                                                    and any(m in text for m in GPU_ALLOCATION_FAILED))
+                                                    and gpu_allocation_failed(outcome["detail"]))
 
 
 def retried_alone(job: dict, options: dict, reasons) -> dict:
