@@ -14,6 +14,8 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from filters.sandbox.execution import ran_out_of_gpu_memory
+
 MAX_PARAMETERS = 32  # probe at most this many parameters (the largest first)
 ABLATED_OPS = ("call_module", "call_function", "call_method")
 # Casts and copies are no-ops in float32 but real ops in the half precision a kernel may use
@@ -56,11 +58,14 @@ def trace(model):
 
 def trace_on(model, inputs):
     """The aten ops one call on `inputs` runs, as a graph whose placeholders are the inputs;
-    the branches the call took are burned in. None when even that fails."""
+    the branches the call took are burned in. None when even that fails; running out of GPU
+    memory is not the task's failure, and goes to its gate (the job grows and tries again)."""
     try:
         with torch.no_grad():
             return make_fx(lambda *args: model(*args), _error_on_data_dependent_ops=False)(*inputs)
-    except Exception:
+    except Exception as error:
+        if ran_out_of_gpu_memory(error):
+            raise
         return None
 
 

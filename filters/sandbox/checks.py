@@ -32,8 +32,8 @@ import torch
 from filters.sandbox import ablation, numerics, purity
 from filters.sandbox.execution import (GpuGate, Reject, all_finite, build_model, close, flatten, forward,
                                        fresh_copies, fresh_factor, identical, load_and_run, load_task, make_inputs,
-                                       max_diff, measure, release, scaled_copies, short, tolerance_share,
-                                       warm_up_calls)
+                                       max_diff, measure, ran_out_of_gpu_memory, release, scaled_copies, short,
+                                       tolerance_share, warm_up_calls)
 from filters.sandbox.resize import (RESIZE_CONSTANT, SIZE_METRIC, at_level, kind_of, nearest_level, size_constants,
                                     sizes_metrics, with_constants, work_ratio)
 from operators.sizes import BATCH
@@ -840,8 +840,8 @@ class Compiles(Check):
         began = time.perf_counter()
         try:
             compiled = forward(_compile(t.model, backend=gated_inductor(t.gate)), t.inputs)
-        except Exception as error:
-            raise Reject("compile", "compile_error", short(error))
+        except Exception as error:  # a compiled run out of GPU memory is no compile error: the worker runs it alone
+            raise Reject("compile", "out_of_memory" if ran_out_of_gpu_memory(error) else "compile_error", short(error))
         finally:
             t.metrics["compile_ms"] = (time.perf_counter() - began) * 1e3
         # GPU work: a timer elsewhere must not measure beside it

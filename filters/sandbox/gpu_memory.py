@@ -91,6 +91,12 @@ class GpuMemory:
         self.grown += 1
         return True
 
+    def give_back(self) -> None:
+        """Free every unit the job holds (its process's end does the same)."""
+        for fd in self.held.values():
+            os.close(fd)
+        self.held.clear()
+
     def _hold(self, wanted: int, wait_s: float) -> bool:
         """Hold `wanted` units in all, taking only free ones; what a failed try took goes back."""
         began = time.perf_counter()

@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from filters.sandbox.execution import forward, nudged_copies, tolerance_share
+from filters.sandbox.execution import forward, nudged_copies, ran_out_of_gpu_memory, tolerance_share
 
 
 @contextlib.contextmanager
@@ -52,12 +52,15 @@ def reference_output(model, inputs) -> list[torch.Tensor]:
 def float64_share(model64, inputs, out32: list, atol: float, rtol: float) -> float | None:
     """The share of the tolerance the float32 output uses against float64: `model64` is a
     copy of the task already in float64. None when the task cannot run in float64 (an op
-    without a double kernel, a dtype the task fixes): the ulp probe then stands alone."""
+    without a double kernel, a dtype the task fixes): the ulp probe then stands alone. Running
+    out of GPU memory (float64 takes twice float32's) goes to the gate: the job grows."""
     wide = [widened([x])[0] if isinstance(x, torch.Tensor) else x for x in inputs]
     try:
         with default_dtype(torch.float64):
             out64 = forward(model64, wide)
-    except Exception:
+    except Exception as error:
+        if ran_out_of_gpu_memory(error):
+            raise
         return None
     if len(out64) != len(out32):
         return None

@@ -177,3 +177,30 @@ def test_the_units_are_made_for_a_jailed_worker_to_read_whatever_the_pools_umask
     assert sorted(os.listdir(folder)) == ["0000", "0001", "0002"]
     assert os.stat(folder).st_mode & 0o777 == 0o755
     assert {os.stat(os.path.join(folder, name)).st_mode & 0o777 for name in os.listdir(folder)} == {0o644}
+
+
+class _OutgrowsItsJob(torch.nn.Module):
+    """A pure model whose forward runs out of GPU memory until its job holds 2 GiB."""
+
+    def forward(self, x):
+        if gpu_memory.held.held_bytes < 2 * GIB:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB")
+        return x * 2
+
+
+def test_a_check_that_swallows_a_tasks_failures_still_lets_its_job_grow(lock, monkeypatch):
+    """The ablation's trace and the float64 probe take a task's failure for "no graph" or
+    "no double kernel". Running out of GPU memory is neither: a red team's task got a final
+    `untraceable` where its job had not grown, and a float64 probe was skipped unseen."""
+    from filters.sandbox import ablation, numerics
+    x = torch.ones(2, 3)
+    for step, args, expected in ((ablation.trace_on, (_OutgrowsItsJob(), [x]), "a graph"),
+                                 (numerics.float64_share, (_OutgrowsItsJob().double(), [x], [x * 2], 1e-2, 1e-2), 0.0)):
+        monkeypatch.setattr(gpu_memory, "held", _job(lock))
+        result = GpuGate(lock).call(step, *args)
+        assert (result is not None if expected == "a graph" else result == expected)
+        assert gpu_memory.held.held_bytes == 2 * GIB
+        gpu_memory.held.give_back()
+    monkeypatch.setattr(gpu_memory, "held", _job(lock))
+    with pytest.raises(torch.OutOfMemoryError):  # outside a gate's retry the error stands, not a None
+        ablation.trace_on(_OutgrowsItsJob(), [x])
