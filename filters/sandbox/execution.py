@@ -53,10 +53,6 @@ class GpuGate:
     is a reader, held for one step (a build, a forward, a comparison), not a whole check: a
     timer that closed the gate waits for the longest reader under way, and every other
     worker waits behind it.
-    The gate is closed by any number of timers at once (each holds it shared; a reader
-    enters holding it exclusively, for the instant it takes the GPU lock): timers that queue
-    while one waits for the steps under way measure one after another in that one closure,
-    and no reader enters between them to make the next wait for a drain of its own.
     Both are flock(2) locks on files beside each other, so they hold across processes and
     are released by the OS if a worker dies. Without a path (CPU) both are no-ops.
     A step that holds the gate past `step_limit_s` ends its process (SIGALRM's default
@@ -83,7 +79,7 @@ class GpuGate:
             return
         with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
-            fcntl.flock(gate, fcntl.LOCK_EX)  # waits while any timer holds the gate closed
+            fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
             fcntl.flock(gpu, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
             entered = self._entered(began)
@@ -136,7 +132,7 @@ class GpuGate:
             began = time.perf_counter()
             closed = not _in_a_gap(gpu, POLITE_S)
             if closed:
-                fcntl.flock(gate, fcntl.LOCK_SH)  # shared with the timers that close it too
+                fcntl.flock(gate, fcntl.LOCK_EX)
                 fcntl.flock(gpu, fcntl.LOCK_EX)
             entered = self._entered(began)
             try:

@@ -202,38 +202,3 @@ def test_a_timer_that_finds_no_gap_closes_the_gate(tmp_path, monkeypatch):
     first.join()
     timer.join(5)
     assert late.waited_s >= 0.15  # it waited for the step under way and the timer
-
-
-def test_timers_that_queue_behind_a_closed_gate_measure_in_one_closure(tmp_path, monkeypatch):
-    """A timer that closed the gate waits for the step under way. A second timer that comes
-    meanwhile measures right after the first: a worker's step that queued between them
-    enters after both, so the second timer does not wait for it to drain again."""
-    from filters.sandbox import execution
-    monkeypatch.setattr(execution, "POLITE_S", 0.02)
-    path = str(tmp_path / "gpu0.lock")
-    entered, order = threading.Event(), []
-    under_way = threading.Thread(target=_hold, args=(GpuGate(path), 0.4, entered))
-    under_way.start()
-    entered.wait(5)
-
-    def measure(name: str):
-        with GpuGate(path).exclusive():
-            order.append(name)
-            time.sleep(0.1)
-
-    def step(name: str):
-        with GpuGate(path).shared():
-            order.append(name)
-            time.sleep(0.3)
-    threads = [threading.Thread(target=measure, args=("first timer",))]
-    threads[0].start()
-    time.sleep(0.08)  # the first timer has closed the gate
-    for index in range(3):
-        threads.append(threading.Thread(target=step, args=(f"step {index}",)))
-        threads[-1].start()
-    time.sleep(0.05)
-    threads.append(threading.Thread(target=measure, args=("second timer",)))
-    threads[-1].start()
-    for thread in [under_way, *threads]:
-        thread.join(5)
-    assert order[:2] == ["first timer", "second timer"], order
