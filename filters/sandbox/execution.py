@@ -113,13 +113,13 @@ class GpuGate:
         """Whether the job now holds more GPU memory (gpu_memory.GpuMemory.grow)."""
         release(torch.device("cuda"))
         try:
-            return gpu_memory.held.grow()
+            return gpu_memory.held.grow(self._report_wait)
         finally:
             self._report_wait()
 
     def _report_wait(self) -> None:
         """The job's time waiting on other workers: at the gate, and for GPU memory they held."""
-        report_gate_wait(self.waited_s + (gpu_memory.held.waited_s if gpu_memory.held else 0.0))
+        report_gate_wait(self.waited_s + (gpu_memory.held.waited_now_s if gpu_memory.held else 0.0))
 
     @contextlib.contextmanager
     def exclusive(self, step: str = "timing"):

@@ -65,26 +65,33 @@ class GpuMemory:
         self.most = max(1, min(units, math.ceil(most_bytes / UNIT_BYTES)))
         self.total_bytes = total_bytes  # None: no allocator to cap (the tests, on the CPU)
         self.held: dict[int, int] = {}  # unit -> the open file whose flock holds it
-        self.waited_s = 0.0
+        self.waited_s = 0.0  # waits that ended
+        self.waiting_since: float | None = None  # the wait under way, if one is
         self.grown = 0  # how many times a step outgrew what the job held
 
     @property
     def held_bytes(self) -> int:
         return len(self.held) * UNIT_BYTES
 
-    def start(self) -> None:
-        """Hold START_BYTES, waiting as long as it takes: a job that holds nothing keeps no
-        one waiting, and other jobs' units come free as they end."""
-        self._hold(min(self.most, math.ceil(START_BYTES / UNIT_BYTES)), math.inf)
+    @property
+    def waited_now_s(self) -> float:
+        """The time the job has waited for memory, the wait under way included."""
+        return self.waited_s + (time.perf_counter() - self.waiting_since if self.waiting_since else 0.0)
 
-    def grow(self) -> bool:
+    def start(self, report=None) -> None:
+        """Hold START_BYTES, waiting as long as it takes: a job that holds nothing keeps no
+        one waiting, and other jobs' units come free as they end. `report()` is called as
+        the wait goes on (the zygote adds what the job waited to its time limit)."""
+        self._hold(min(self.most, math.ceil(START_BYTES / UNIT_BYTES)), math.inf, report)
+
+    def grow(self, report=None) -> bool:
         """Hold twice as much, up to the most a job may hold. False when the job already
         holds the most (the step's out-of-memory is the task's own); GpuMemoryBusy when the
         other jobs hold what it needs past GROW_WAIT_S."""
         if len(self.held) >= self.most:
             return False
         wanted = min(self.most, 2 * len(self.held))
-        if not self._hold(wanted, GROW_WAIT_S):
+        if not self._hold(wanted, GROW_WAIT_S, report):
             raise GpuMemoryBusy(f"out of memory: the job held {self.held_bytes / 2**30:.1f} GiB and needed "
                                 f"{wanted * UNIT_BYTES / 2**30:.1f} GiB, which the other jobs on this GPU held "
                                 f"for {GROW_WAIT_S:g} s")
@@ -97,22 +104,26 @@ class GpuMemory:
             os.close(fd)
         self.held.clear()
 
-    def _hold(self, wanted: int, wait_s: float) -> bool:
+    def _hold(self, wanted: int, wait_s: float, report=None) -> bool:
         """Hold `wanted` units in all, taking only free ones; what a failed try took goes back."""
-        began = time.perf_counter()
-        while True:
-            taken = self._take(wanted - len(self.held))
-            if len(self.held) + len(taken) >= wanted:
-                self.held.update(taken)
-                self._cap()
-                self.waited_s += time.perf_counter() - began
-                return True
-            for fd in taken.values():
-                os.close(fd)  # closing the file frees its flock
-            if time.perf_counter() - began >= wait_s:
-                self.waited_s += time.perf_counter() - began
-                return False
-            time.sleep(random.uniform(*POLL_S))
+        self.waiting_since = began = time.perf_counter()
+        try:
+            while True:
+                taken = self._take(wanted - len(self.held))
+                if len(self.held) + len(taken) >= wanted:
+                    self.held.update(taken)
+                    self._cap()
+                    return True
+                for fd in taken.values():
+                    os.close(fd)  # closing the file frees its flock
+                if time.perf_counter() - began >= wait_s:
+                    return False
+                if report:
+                    report()
+                time.sleep(random.uniform(*POLL_S))
+        finally:
+            self.waited_s += time.perf_counter() - began
+            self.waiting_since = None
 
     def _take(self, count: int) -> dict[int, int]:
         """Up to `count` free units, looked for from a random place (two growers at once

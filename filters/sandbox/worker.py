@@ -579,8 +579,9 @@ def _start_cuda(options: dict) -> None:
                 return
             gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
                                                    int(options["gpu_memory_gb"] * 2**30), total)
-            gpu_memory.held.start()
-            execution.report_gate_wait(gpu_memory.held.waited_s)
+            held = gpu_memory.held
+            held.start(lambda: execution.report_gate_wait(held.waited_now_s))
+            execution.report_gate_wait(held.waited_s)
         else:
             share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
             torch.cuda.set_per_process_memory_fraction(min(1.0, share))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -204,3 +206,18 @@ def test_a_check_that_swallows_a_tasks_failures_still_lets_its_job_grow(lock, mo
     monkeypatch.setattr(gpu_memory, "held", _job(lock))
     with pytest.raises(torch.OutOfMemoryError):  # outside a gate's retry the error stands, not a None
         ablation.trace_on(_OutgrowsItsJob(), [x])
+
+
+def test_a_job_that_waits_for_memory_reports_the_wait_as_it_goes(lock):
+    """The zygote adds what a job reports waiting to its time limit. A job whose start waited
+    on others' memory reported nothing until it held some: a long wait could time it out."""
+    others = _job(lock)
+    others._hold(8, 0)  # every unit
+    waiting, reports = GpuMemory(lock, 8, 4 * GIB, None), []
+    starting = threading.Thread(target=waiting.start, args=(lambda: reports.append(waiting.waited_now_s),))
+    starting.start()
+    time.sleep(0.3)
+    assert not waiting.held and reports and reports[-1] >= 0.2  # still waiting, and it said so
+    others.give_back()
+    starting.join(5)
+    assert waiting.held_bytes == GIB and 0.3 <= waiting.waited_s == waiting.waited_now_s  # counted once
