@@ -64,9 +64,11 @@ class GpuGate:
         # step allocates while one of its steps runs.
         self.alone = alone
         self.waited_s = 0.0  # time spent waiting to enter, either way
+        self.timer_waited_s = 0.0  # of which waiting to hold the GPU alone
         self.alone_s = 0.0  # time spent holding the GPU alone
         self.shared_s = 0.0  # time spent holding the GPU with others
         self.longest_s, self.longest_step = 0.0, ""  # the longest single hold: what every timer waited behind
+        self.long_holds, self.long_held_s = 0, 0.0  # shared holds of LONG_HOLD_S or more: what timers drain
 
     @contextlib.contextmanager
     def shared(self, step: str = "a step"):
@@ -90,7 +92,10 @@ class GpuGate:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
-                self.shared_s += self._held(entered, step)
+                held = self._held(entered, step)
+                self.shared_s += held
+                if held >= LONG_HOLD_S:
+                    self.long_holds, self.long_held_s = self.long_holds + 1, self.long_held_s + held
 
     def call(self, step, *args):
         """`step(*args)` as one stretch of shared GPU work. Where the worker counts GPU memory
@@ -135,6 +140,7 @@ class GpuGate:
                 fcntl.flock(gate, fcntl.LOCK_EX)
                 fcntl.flock(gpu, fcntl.LOCK_EX)
             entered = self._entered(began)
+            self.timer_waited_s += entered - began
             try:
                 yield
                 if self.alone and torch.cuda.is_initialized():  # what the step freed goes back before others run
@@ -171,7 +177,8 @@ class GpuGate:
         memory = gpu_memory.held.metrics() if gpu_memory.held and not self.alone else {}
         return {**memory, "gate_wait_ms": self.waited_s * 1e3, "gpu_alone_ms": self.alone_s * 1e3,
                 "gate_shared_ms": self.shared_s * 1e3, "gate_longest_ms": self.longest_s * 1e3,
-                "gate_longest_step": self.longest_step[:200]}
+                "gate_longest_step": self.longest_step[:200], "gate_timer_wait_ms": self.timer_waited_s * 1e3,
+                "gate_long_holds": self.long_holds, "gate_long_held_ms": self.long_held_s * 1e3}
 
 
 # A timer first looks this long for a gap between other workers' steps, stopping none of
@@ -179,6 +186,7 @@ class GpuGate:
 # stopped every worker behind whichever step was under way when a timer came: on the H200, 8
 # workers waited 483 s at the gate for 25 s of timing (200 candidates, one forward held 8.6 s).
 POLITE_S, GAP_POLL_S = 0.5, 0.002
+LONG_HOLD_S = 1.0  # a shared hold this long is counted apart: a timer that closes the gate behind it waits it out
 
 
 def _in_a_gap(gpu, within_s: float) -> bool:

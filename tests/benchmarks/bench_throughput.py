@@ -177,7 +177,9 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
                    "alone": round(alone_s, 1),
                    "shared": round(sum(_num(m, "gate_shared_ms") for m in metrics) / 1e3, 1),
                    "longest_hold_ms": round(_num(longest, "gate_longest_ms")),
-                   "longest_hold_step": longest.get("gate_longest_step")},
+                   "longest_hold_step": longest.get("gate_longest_step"),
+                   "timers_waiting": round(sum(_num(m, "gate_timer_wait_ms") for m in metrics) / 1e3, 1),
+                   "long_holds": long_holds(metrics)},
         "gpu_busy_share": busy, "gpu_alone_share": round(alone_s / wall_s, 3),
         "bounds_accepted_per_hour": bounds(len(records), accepted, job_s, metrics, alone_s),
         "wasted": wasted,
@@ -188,6 +190,16 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
                                         / max(accepted, 1), 3),
         "rejected_by_reason": dict(Counter(v["reason"] for v in verdicts if not v["passed"]).most_common()),
     }
+
+
+def long_holds(metrics: list[dict]) -> dict:
+    """The shared holds of a second or more (a timer that closes the gate waits them out, and
+    every worker with it): how many, their seconds, and the steps that were the jobs' longest."""
+    steps = Counter(str(m.get("gate_longest_step")).rsplit(".", 1)[-1] for m in metrics
+                    if _num(m, "gate_longest_ms") >= 1e3)
+    return {"holds": int(sum(_num(m, "gate_long_holds") for m in metrics)),
+            "held_s": round(sum(_num(m, "gate_long_held_ms") for m in metrics) / 1e3, 1),
+            "longest_steps": dict(steps.most_common(6))}
 
 
 def counted_memory(metrics: list[dict]) -> dict:
@@ -253,7 +265,8 @@ def print_report(s: dict) -> None:
           + f"; outside the checks {s['worker_s_outside_checks']}")
     gate = s["gate_s"]
     print(f"GPU gate: waiting {gate['waiting']} s, alone {gate['alone']} s, shared {gate['shared']} s, "
-          f"longest hold {gate['longest_hold_ms']} ms ({gate['longest_hold_step']})")
+          f"longest hold {gate['longest_hold_ms']} ms ({gate['longest_hold_step']}); "
+          f"timers waited {gate['timers_waiting']} s; shared holds of 1 s or more {gate['long_holds']}")
     print(f"GPU busy share {s['gpu_busy_share']} (NVML), held alone {s['gpu_alone_share']} of the wall")
     b = s["bounds_accepted_per_hour"]
     print(f"bounds at this acceptance: {b.get('cores')} accepted/h with every core busy on the jobs' own work, "

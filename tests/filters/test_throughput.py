@@ -41,9 +41,10 @@ def test_steps_share_the_gpu_but_a_job_run_alone_holds_it_alone(tmp_path):
     assert alone.alone_s >= 0.4 and alone.shared_s == 0.0
 
 
-def test_the_gate_reports_its_holds_and_the_longest_step(tmp_path):
+def test_the_gate_reports_its_holds_and_the_longest_step(tmp_path, monkeypatch):
     """The longest hold is what every timer (and every worker behind it) waited for: the
-    benchmark names its step."""
+    benchmark names its step, and counts the long ones."""
+    from filters.sandbox import execution
     gate = GpuGate(str(tmp_path / "gpu0.lock"))
 
     def slow_build():
@@ -53,9 +54,12 @@ def test_the_gate_reports_its_holds_and_the_longest_step(tmp_path):
     gate.call(slow_build)
     with gate.exclusive():
         time.sleep(0.05)
+    monkeypatch.setattr(execution, "LONG_HOLD_S", 0.2)
+    gate.call(slow_build)
     metrics = gate.metrics()
     assert metrics["gate_longest_step"].endswith("slow_build") and metrics["gate_longest_ms"] >= 300
-    assert metrics["gate_shared_ms"] >= 300 and metrics["gpu_alone_ms"] >= 50
+    assert metrics["gate_shared_ms"] >= 600 and metrics["gpu_alone_ms"] >= 50
+    assert metrics["gate_long_holds"] == 1 and metrics["gate_long_held_ms"] >= 300  # counted from the second
     assert GpuGate(None).metrics() == {}  # the CPU has no gate to report
 
 
@@ -97,13 +101,16 @@ def test_the_benchmark_rates_and_splits_add_up():
         name, device, workers, tree = "t", "cuda", 8, None
 
     records = [_record("a", 0, t_compile_ms=3000.0, t_execute_ms=500.0, wall_ms=4000.0, gpu_alone_ms=100.0,
-                       gate_wait_ms=200.0, gate_longest_ms=80.0, gate_longest_step="forward"),
-               _record("b", 1, "nan_or_inf", 1000.0, t_execute_ms=900.0, retried_alone=True)]
+                       gate_wait_ms=200.0, gate_longest_ms=80.0, gate_longest_step="forward", gate_timer_wait_ms=300.0),
+               _record("b", 1, "nan_or_inf", 1000.0, t_execute_ms=900.0, retried_alone=True, gate_long_holds=2,
+                       gate_long_held_ms=2500.0, gate_longest_ms=1500.0, gate_longest_step="Numerics.float64_share")]
     s = summarise(Args, records, starts=[10.0, 20.0], wall_s=120.0, busy=0.25)
     assert s["accepted_per_hour"] == 30 and s["steady_accepted_per_hour"] == 36  # 1 in 120 s; 1 in 100 s
     assert s["worker_s_per_check"] == {"compile": 3.0, "execute": 1.4}
     assert s["worker_s_outside_checks"] == 0.6  # 5 s of jobs, 4.4 s of checks
-    assert s["gate_s"]["longest_hold_step"] == "forward" and s["gate_s"]["waiting"] == 0.2
+    assert s["gate_s"]["longest_hold_step"] == "Numerics.float64_share" and s["gate_s"]["waiting"] == 0.2
+    assert s["gate_s"]["timers_waiting"] == 0.3
+    assert s["gate_s"]["long_holds"] == {"holds": 2, "held_s": 2.5, "longest_steps": {"float64_share": 1}}
     assert s["retried_alone"] == {"jobs": 1, "accepted": 0}
     assert s["rejected_by_reason"] == {"nan_or_inf": 1}
     # 2 candidates in 5 s of jobs, 0.2 s of it waiting: 2.4 s of own work each; half accepted
