@@ -183,7 +183,12 @@ def run_job(job: dict, options: dict, reasons) -> dict:
     else:
         outcome = confirm(_in_child(job, options, reasons, _child), job["config"])
         if gpu_memory_ran_out(outcome, options, job["config"]):
+            first = outcome
             outcome = retried_alone(job, options, reasons)
+            outcome["metrics"].update(  # what sent it to run alone, for the throughput benchmark
+                first_failure=f"{first['stage']}/{first['reason']}",
+                first_gpu_memory_held_mb=first["metrics"].get("gpu_memory_held_mb"),
+                first_job_wall_ms=first["metrics"].get("job_wall_ms"))
     if outcome["passed"]:  # the code as the pool stores it, at the sizes the checks chose, as they ran it
         alone = bool(outcome["metrics"].get("retried_alone"))
         stored = {**job, "code": as_stored(job["code"], outcome["metrics"]),

@@ -162,7 +162,6 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
     wasted = wasted_work(records)
     alone_s = sum(_num(m, "gpu_alone_ms") for m in metrics) / 1e3
     longest = max(metrics, key=lambda m: _num(m, "gate_longest_ms"), default={})
-    retried = [v for v, m in zip(verdicts, metrics) if m.get("retried_alone")]
     return {
         "name": args.name or (args.tree or "this checkout"), "device": args.device, "candidates": len(records),
         "workers": args.workers or "default", "accepted": accepted, "wall_s": round(wall_s, 1),
@@ -183,13 +182,24 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
         "gpu_busy_share": busy, "gpu_alone_share": round(alone_s / wall_s, 3),
         "bounds_accepted_per_hour": bounds(len(records), accepted, job_s, metrics, alone_s),
         "wasted": wasted,
-        "retried_alone": {"jobs": len(retried), "accepted": sum(bool(v["passed"]) for v in retried)},
+        "retried_alone": alone_reruns(verdicts, metrics),
         "gpu_memory": counted_memory(metrics),
         "accepted_eager_ms": percentiles([_num(m, "eager_ms") for v, m in zip(verdicts, metrics) if v["passed"]]),
         "accepted_resized_share": round(sum(bool(m.get("resized")) for v, m in zip(verdicts, metrics) if v["passed"])
                                         / max(accepted, 1), 3),
         "rejected_by_reason": dict(Counter(v["reason"] for v in verdicts if not v["passed"]).most_common()),
     }
+
+
+def alone_reruns(verdicts: list[dict], metrics: list[dict]) -> dict:
+    """The jobs run again alone after a GPU memory failure (every step of the rerun holds the
+    GPU alone): how many were then accepted, what sent them there, the worker-seconds they
+    took (both runs) and the rerun's own wait for the GPU."""
+    retried = [(v, m) for v, m in zip(verdicts, metrics) if m.get("retried_alone")]
+    return {"jobs": len(retried), "accepted": sum(bool(v["passed"]) for v, _ in retried),
+            "first_failures": dict(Counter(str(m.get("first_failure")) for _, m in retried).most_common()),
+            "worker_s": round(sum(_num(m, "job_wall_ms") + _num(m, "first_job_wall_ms") for _, m in retried) / 1e3, 1),
+            "rerun_waiting_s": round(sum(_num(m, "gate_timer_wait_ms") for _, m in retried) / 1e3, 1)}
 
 
 def long_holds(metrics: list[dict]) -> dict:
@@ -275,6 +285,7 @@ def print_report(s: dict) -> None:
     print(f"wasted: {w['repeats']} repeats ({w['repeats_worker_s']} worker-s), {w['nan_or_inf']} nan_or_inf "
           f"({w['nan_or_inf_worker_s']} worker-s); retried alone after a GPU memory failure: "
           f"{s['retried_alone']['jobs']} ({s['retried_alone']['accepted']} then accepted)")
+    print("run alone:", json.dumps(s["retried_alone"]))
     print("GPU memory counted:", json.dumps(s["gpu_memory"]))
     print("accepted eager ms:", json.dumps(s["accepted_eager_ms"]), "re-sized share", s["accepted_resized_share"])
     print("rejected by reason:", json.dumps(s["rejected_by_reason"]))
