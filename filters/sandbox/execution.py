@@ -60,8 +60,9 @@ class GpuGate:
 
     def __init__(self, path: str | None, step_limit_s: float | None = None, alone: bool = False):
         self.path, self.step_limit_s = path, step_limit_s
-        # Every step alone (a job run again after its GPU memory ran out): no other worker's
-        # step allocates while one of its steps runs.
+        # A job run again after its GPU memory ran out. Where the worker counts GPU memory it
+        # may grow into all of it (gpu_memory.GpuMemory.run_alone); where it does not, every
+        # step holds the GPU alone: no other worker's step allocates while one of its runs.
         self.alone = alone
         self.waited_s = 0.0  # time spent waiting to enter, either way
         self.timer_waited_s = 0.0  # of which waiting to hold the GPU alone
@@ -75,7 +76,7 @@ class GpuGate:
         if not self.path:
             yield
             return
-        if self.alone:
+        if self.alone and gpu_memory.held is None:  # an uncounted job run alone: no step of another's beside it
             with self.exclusive(step):
                 yield
             return
@@ -108,7 +109,7 @@ class GpuGate:
                 with self.shared(name):
                     return step(*args)
             except Exception as error:
-                if self.alone or gpu_memory.held is None or not ran_out_of_gpu_memory(error):
+                if gpu_memory.held is None or not ran_out_of_gpu_memory(error):
                     raise
                 failed = error.with_traceback(None)  # the tensors its frames held go with the traceback
             if not self._grown():
@@ -174,7 +175,7 @@ class GpuGate:
         """What a job reports of its gate (nothing on the CPU, where there is none)."""
         if not self.path:
             return {}
-        memory = gpu_memory.held.metrics() if gpu_memory.held and not self.alone else {}
+        memory = gpu_memory.held.metrics() if gpu_memory.held else {}
         return {**memory, "gate_wait_ms": self.waited_s * 1e3, "gpu_alone_ms": self.alone_s * 1e3,
                 "gate_shared_ms": self.shared_s * 1e3, "gate_longest_ms": self.longest_s * 1e3,
                 "gate_longest_step": self.longest_step[:200], "gate_timer_wait_ms": self.timer_waited_s * 1e3,

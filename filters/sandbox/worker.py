@@ -214,10 +214,12 @@ def gpu_memory_ran_out(outcome: dict, options: dict, config: dict) -> bool:
 
 
 def retried_alone(job: dict, options: dict, reasons) -> dict:
-    """The job again, in a fresh child from this zygote, with every GPU step alone (no other
-    worker's step allocates meanwhile, and what each step frees goes back before the next
-    worker's) and the GPU's memory not split between workers. Its verdict stands, whatever
-    it is: a task that needs more than the GPU holds is the task's own fault."""
+    """The job again, in a fresh child from this zygote, with the GPU's memory not split
+    between workers: where the worker counts GPU memory, as the one job of its GPU that may
+    grow into all of it (gpu_memory.GpuMemory.run_alone), its steps beside other workers';
+    where it does not, with every GPU step alone (no other worker's step allocates meanwhile,
+    and what each step frees goes back before the next worker's). Its verdict stands,
+    whatever it is: a task that needs more than the GPU holds is the task's own fault."""
     config = {**job["config"], "gpu_alone": True}
     outcome = confirm(_in_child({**job, "config": config}, {**options, "alone": True}, reasons, _child), config)
     outcome["metrics"]["retried_alone"] = True
@@ -575,17 +577,21 @@ def _start_cuda(options: dict) -> None:
     from filters.sandbox import execution, gpu_memory
     if options.get("gpu_memory_gb"):
         # Workers share the GPU: a job holds what it needs of the GPU's counted memory, up to
-        # the most one job may hold (gpu_memory.py), or without a count, its worker's share;
-        # a job run again alone (`retried_alone`) may take what the GPU has free.
+        # the most one job may hold (gpu_memory.py), or without a count, its worker's share.
+        # A job run again alone (`retried_alone`) may grow into all the counted memory (one
+        # such job a GPU at once), or without a count, take what the GPU has free.
         total = torch.cuda.get_device_properties(0).total_memory
         lock = os.environ.get("OPSYNTH_TIMING_LOCK")
-        if options.get("gpu_pool_gb") and lock and not options.get("alone"):
-            if gpu_memory.held is not None:  # started before, in this process: what it holds stands
-                return
-            gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
-                                                   int(options["gpu_memory_gb"] * 2**30), total)
-            held = gpu_memory.held
-            held.start(lambda: execution.report_gate_wait(held.waited_now_s))
+        if options.get("gpu_pool_gb") and lock:
+            held = gpu_memory.held  # started before, in this process: what it holds stands
+            if held is None:
+                held = gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
+                                                              int(options["gpu_memory_gb"] * 2**30), total)
+            report = lambda: execution.report_gate_wait(held.waited_now_s)  # noqa: E731
+            if options.get("alone") and not held.alone:
+                held.run_alone(report)
+            if not held.held:
+                held.start(report)
             execution.report_gate_wait(held.waited_s)
         else:
             share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
