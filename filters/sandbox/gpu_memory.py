@@ -17,7 +17,9 @@ job that cannot grow in time gives up with GpuMemoryBusy, which is no verdict on
 (filters/sandbox/worker.py runs it again alone).
 
 A job run again alone is the one job of its GPU (the flock of ALONE_LOCK, taken for its life)
-that may grow into every unit. It keeps each unit it takes and waits as long as it takes:
+that may grow into every unit but an eighth, which it leaves for the other workers' jobs to
+start in (16 of 1 GiB on the H200; no task the checks accept needs the rest: the task cap
+is 16 GB). It keeps each unit it takes and waits as long as it takes:
 only the other jobs hold what it waits for, and they end or give up within GROW_WAIT_S. Its
 steps share the GPU as every job's do: its memory is counted, so no other job can take it.
 Its steps each holding the GPU alone cost 48 of its 57 worker-seconds on the H200 (16
@@ -96,8 +98,8 @@ class GpuMemory:
 
     def run_alone(self, report=None) -> None:
         """Become the job of this GPU run again alone, once the one before it has ended: from
-        now on it may hold every unit. What it held goes back first: the job run alone now
-        may be waiting for it."""
+        now on it may hold every unit but an eighth. What it held goes back first: the job
+        run alone now may be waiting for it."""
         self.give_back()
         fd = os.open(os.path.join(self.folder, ALONE_LOCK), os.O_RDONLY | os.O_CLOEXEC)
         self.waiting_since = began = time.perf_counter()
@@ -113,7 +115,7 @@ class GpuMemory:
         finally:
             self.waited_s += time.perf_counter() - began
             self.waiting_since = None
-        self.alone_lock, self.alone, self.most = fd, True, self.units
+        self.alone_lock, self.alone, self.most = fd, True, max(self.most, self.units - self.units // 8)
 
     def grow(self, report=None) -> bool:
         """Hold twice as much, up to the most a job may hold. False when the job already
