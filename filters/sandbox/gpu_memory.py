@@ -27,6 +27,7 @@ workers: 20 such jobs took a third of the workers' time).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
@@ -102,19 +103,13 @@ class GpuMemory:
         run alone now may be waiting for it."""
         self.give_back()
         fd = os.open(os.path.join(self.folder, ALONE_LOCK), os.O_RDONLY | os.O_CLOEXEC)
-        self.waiting_since = began = time.perf_counter()
-        try:
+        with self._waiting():
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # kept until the process ends
                     break
                 except BlockingIOError:
-                    if report:
-                        report()
-                    time.sleep(random.uniform(*POLL_S))
-        finally:
-            self.waited_s += time.perf_counter() - began
-            self.waiting_since = None
+                    _pause(report)
         self.alone_lock, self.alone, self.most = fd, True, max(self.most, self.units - self.units // 8)
 
     def grow(self, report=None) -> bool:
@@ -143,8 +138,7 @@ class GpuMemory:
 
     def _hold(self, wanted: int, wait_s: float, report=None) -> bool:
         """Hold `wanted` units in all, taking only free ones; what a failed try took goes back."""
-        self.waiting_since = began = time.perf_counter()
-        try:
+        with self._waiting() as began:
             while True:
                 taken = self._take(wanted - len(self.held))
                 if len(self.held) + len(taken) >= wanted:
@@ -158,9 +152,14 @@ class GpuMemory:
                     os.close(fd)  # closing the file frees its flock
                 if time.perf_counter() - began >= wait_s:
                     return False
-                if report:
-                    report()
-                time.sleep(random.uniform(*POLL_S))
+                _pause(report)
+
+    @contextlib.contextmanager
+    def _waiting(self):
+        """A wait for others' memory: counted in `waited_s` once over, seen in `waited_now_s` meanwhile."""
+        self.waiting_since = began = time.perf_counter()
+        try:
+            yield began
         finally:
             self.waited_s += time.perf_counter() - began
             self.waiting_since = None
@@ -192,6 +191,13 @@ class GpuMemory:
     def metrics(self) -> dict:
         return {"gpu_memory_held_mb": self.held_bytes / 2**20, "gpu_memory_grown": self.grown,
                 "gpu_memory_wait_ms": self.waited_s * 1e3}
+
+
+def _pause(report) -> None:
+    """Between two tries: say the wait goes on, and let others' units come free."""
+    if report:
+        report()
+    time.sleep(random.uniform(*POLL_S))
 
 
 # The memory the job of this process holds, when its worker counts memory (worker._start_cuda
