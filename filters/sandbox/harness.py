@@ -132,9 +132,9 @@ class ChecksDevice:
     seed: int = 0
     gate: GpuGate = dataclasses.field(default_factory=lambda: GpuGate(None))
     start: Callable[[], None] = lambda: None
-    # the same device with its memory to this trace alone and every step alone, for a trace
-    # that ran out of the worker's share: the checks ran the task in it, the trace keeps
-    # every value it reads (worker.retried_alone, for the checks)
+    # the same device as the job run alone (nearly all the counted memory, or uncounted, every
+    # step alone), for a trace that ran out of its job's memory: the checks ran the task
+    # in it, the trace keeps every value it reads (worker.retried_alone, for the checks)
     alone: ChecksDevice | None = None
 
 

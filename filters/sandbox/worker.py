@@ -512,7 +512,7 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wai
 
 def _checks_device(cfg: dict, options: dict, alone: bool):
     """Where a trace runs a task at its own sizes: as its checks ran it (harness.ChecksDevice),
-    and again with the GPU to itself if the worker's share of its memory runs out."""
+    and again as the job run alone if its job's memory runs out."""
     from filters.sandbox.harness import ChecksDevice, gpu_gate
     on_gpu = cfg["device"].startswith("cuda")
     start = functools.partial(_start_cuda, {**options, "alone": alone}) if on_gpu else (lambda: None)
