@@ -839,8 +839,10 @@ class Compiles(Check):
         _reset_dynamo()
         began = time.perf_counter()
         try:
-            compiled = forward(_compile(t.model, backend=gated_inductor(t.gate)), t.inputs)
-        except Exception as error:  # a compiled run out of GPU memory is no compile error: the worker runs it alone
+            model = _compile(t.model, backend=gated_inductor(t.gate))
+            # a compiled run may need more memory than the eager steps grew the job to: it grows too
+            compiled = t.gate.growing(lambda: forward(model, t.inputs))
+        except Exception as error:  # out of GPU memory still is no compile error: the worker runs it alone
             raise Reject("compile", "out_of_memory" if ran_out_of_gpu_memory(error) else "compile_error", short(error))
         finally:
             t.metrics["compile_ms"] = (time.perf_counter() - began) * 1e3

@@ -104,10 +104,18 @@ class GpuGate:
         once the job holds more, the gate not held meanwhile. Running a step again is fair to
         a pure task, and an impure one is refused whatever a first try changed."""
         name = getattr(step, "__qualname__", type(step).__name__)
+
+        def gated():
+            with self.shared(name):
+                return step(*args)
+        return self.growing(gated)
+
+    def growing(self, run):
+        """`run()`, which takes the gate itself (a compiled call, each of whose runs does), run
+        again each time it outgrows what its job holds and the job grows."""
         while True:
             try:
-                with self.shared(name):
-                    return step(*args)
+                return run()
             except Exception as error:
                 if gpu_memory.held is None or not ran_out_of_gpu_memory(error):
                     raise

@@ -190,7 +190,9 @@ def run_job(job: dict, options: dict, reasons) -> dict:
                 first_gpu_memory_held_mb=first["metrics"].get("gpu_memory_held_mb"),
                 first_job_wall_ms=first["metrics"].get("job_wall_ms"))
     if outcome["passed"]:  # the code as the pool stores it, at the sizes the checks chose, as they ran it
-        alone = bool(outcome["metrics"].get("retried_alone"))
+        # Where memory is counted the trace starts as any job does, and runs alone only if that
+        # runs out: waiting for the turn to run alone, a trace's 20 s could run out first.
+        alone = bool(outcome["metrics"].get("retried_alone")) and not options.get("gpu_pool_gb")
         stored = {**job, "code": as_stored(job["code"], outcome["metrics"]),
                   "config": {**job["config"], "gpu_alone": alone}}
         traced = _in_child(stored, {**options, "timeout_s": TRACE_LIMIT_S, "alone": alone}, reasons, _trace_child)
@@ -563,6 +565,7 @@ def _evaluate(job: dict, options: dict) -> dict:
 
 
 ALONE_SHARE = 0.9  # of the GPU's memory, for a job run again alone
+_uncounted_alone = False  # this process's trace ran out of its counted memory and runs alone, uncounted
 
 
 def _start_cuda(options: dict) -> None:
@@ -574,7 +577,6 @@ def _start_cuda(options: dict) -> None:
     in the job's own process: nothing of it outlives the job."""
     import torch
 
-    from filters.sandbox import execution, gpu_memory
     if options.get("gpu_memory_gb"):
         # Workers share the GPU: a job holds what it needs of the GPU's counted memory, up to
         # the most one job may hold (gpu_memory.py), or without a count, its worker's share.
@@ -582,23 +584,39 @@ def _start_cuda(options: dict) -> None:
         # such job a GPU at once), or without a count, take what the GPU has free.
         total = torch.cuda.get_device_properties(0).total_memory
         lock = os.environ.get("OPSYNTH_TIMING_LOCK")
-        if options.get("gpu_pool_gb") and lock:
-            held = gpu_memory.held  # started before, in this process: what it holds stands
-            if held is None:
-                held = gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
-                                                              int(options["gpu_memory_gb"] * 2**30), total)
-            report = lambda: execution.report_gate_wait(held.waited_now_s)  # noqa: E731
-            if options.get("alone") and not held.alone:
-                held.run_alone(report)
-            if not held.held:
-                held.start(report)
-            execution.report_gate_wait(held.waited_s)
+        if options.get("gpu_pool_gb") and lock and not _uncounted_alone:
+            count_gpu_memory(options, lock, total, torch.cuda.set_per_process_memory_fraction)
         else:
             share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
             torch.cuda.set_per_process_memory_fraction(min(1.0, share))
     a = torch.ones(8, 8, device="cuda")
     torch.mm(a, a)
     torch.cuda.synchronize()
+
+
+def count_gpu_memory(options: dict, lock: str, total: int | None, cap) -> None:
+    """The job's counted GPU memory (gpu_memory.held), started, or run alone: `cap(share)`
+    sets the allocator's cap where the job's memory is no longer counted."""
+    global _uncounted_alone
+    from filters.sandbox import execution, gpu_memory
+    held = gpu_memory.held  # started before, in this process: what it holds stands
+    if held is None:
+        held = gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
+                                                      int(options["gpu_memory_gb"] * 2**30), total)
+    report = lambda: execution.report_gate_wait(held.waited_now_s)  # noqa: E731
+    if options.get("alone") and held.held:
+        # A trace whose counted memory ran out (harness._read_on): its own 20 s could pass
+        # waiting for the turn to run alone, so it takes the GPU uncounted, each step alone,
+        # as a job run alone did before memory was counted.
+        held.give_back()
+        gpu_memory.held, _uncounted_alone = None, True
+        cap(ALONE_SHARE)
+        return
+    if options.get("alone") and not held.alone:
+        held.run_alone(report)
+    if not held.held:
+        held.start(report)
+    execution.report_gate_wait(held.waited_s)
 
 
 def _own_folders(workdir: str) -> None:

@@ -265,3 +265,44 @@ def test_a_job_run_alone_shares_the_gpu_and_grows_where_memory_is_counted(lock, 
     assert gate.call(step, "out") == "out" and step.calls == 3  # 1 -> 2 -> 3.5 GiB, past the ordinary most
     assert gate.alone_s == 0.0 and gate.shared_s > 0.0
     assert gate.metrics()["gpu_memory_held_mb"] == 3584
+
+
+def test_a_compiled_call_that_takes_the_gate_itself_grows_its_job_too(lock, monkeypatch):
+    """A compiled run takes the gate at each of its runs (checks.gated_inductor), so it was
+    never retried: in a job run alone, whose memory had grown only as far as its eager steps
+    needed, a compiled run that needed more was a final out_of_memory."""
+    monkeypatch.setattr(gpu_memory, "held", _job(lock))
+    gate, step = GpuGate(lock), _Needs(2 * GIB)
+
+    def compiled_call():
+        with gate.shared("compiled run"):
+            return step("out")
+    assert gate.growing(compiled_call) == "out" and step.calls == 2
+
+
+def test_a_rerun_is_counted_and_a_trace_that_runs_out_takes_the_gpu_uncounted(lock, monkeypatch):
+    """The job run again alone holds the turn to run alone and may grow into nearly all the
+    memory. A trace that outgrew its counted memory does not wait for that turn (its 20 s
+    could pass waiting, and an untraced task is rejected): it gives its units back and runs
+    uncounted, every step alone, as a job run alone did before memory was counted."""
+    from filters.sandbox import worker
+    options, caps = {"gpu_pool_gb": 4.0, "gpu_memory_gb": 2.0}, []
+    monkeypatch.setattr(worker, "_uncounted_alone", False)
+    monkeypatch.setattr(gpu_memory, "held", None)
+    worker.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # the rerun's child
+    rerun = gpu_memory.held
+    assert rerun.alone and rerun.held_bytes == GIB and rerun.most == 7 and not caps
+    rerun.give_back()
+
+    monkeypatch.setattr(gpu_memory, "held", None)
+    worker.count_gpu_memory(options, lock, None, caps.append)  # a trace's child, as any job starts
+    trace = gpu_memory.held
+    assert trace.held_bytes == GIB and not trace.alone
+    worker.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # its reading ran out
+    assert gpu_memory.held is None and not trace.held and caps == [worker.ALONE_SHARE]
+    assert worker._uncounted_alone
+    assert _job(lock, most_gib=4).grow()  # nothing of the trace's is held, nor the turn to run alone
+    steps = GpuGate(lock, alone=True)
+    with steps.shared("a step"):
+        pass
+    assert steps.alone_s > 0.0 and steps.shared_s == 0.0  # uncounted: every step alone
