@@ -604,7 +604,7 @@ def count_gpu_memory(options: dict, lock: str, total: int | None, cap) -> None:
         held = gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
                                                       int(options["gpu_memory_gb"] * 2**30), total)
     report = lambda: execution.report_gate_wait(held.waited_now_s)  # noqa: E731
-    if options.get("alone") and held.held:
+    if options.get("alone") and held.held and not held.alone:
         # A trace whose counted memory ran out (harness._read_on): its own 20 s could pass
         # waiting for the turn to run alone, so it takes the GPU uncounted, each step alone,
         # as a job run alone did before memory was counted.

@@ -292,6 +292,8 @@ def test_a_rerun_is_counted_and_a_trace_that_runs_out_takes_the_gpu_uncounted(lo
     worker.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # the rerun's child
     rerun = gpu_memory.held
     assert rerun.alone and rerun.held_bytes == GIB and rerun.most == 7 and not caps
+    worker.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # started again: it stands
+    assert gpu_memory.held is rerun and rerun.alone and rerun.held_bytes == GIB and not caps
     rerun.give_back()
 
     monkeypatch.setattr(gpu_memory, "held", None)
