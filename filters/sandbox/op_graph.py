@@ -30,6 +30,8 @@ Shapes and constant values are abstracted: the result is a sequence of op names.
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -508,6 +510,37 @@ def _close_everywhere(a: torch.Tensor, b: torch.Tensor, differences: torch.Tenso
     return bool((differences <= ELEMENT_TOLERANCE * (1 + torch.maximum(a.abs(), b.abs()))).all())
 
 
+def _apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `close` must fail on any tensors holding these elements: one is finite where
+    the other is not, or two finite ones are further apart than `_close_everywhere` allows
+    (a test on a few elements that rules out what a whole tensor's would, at their cost)."""
+    a, b = a.float(), b.float()
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)):
+        return True
+    differences = (a - b).abs()
+    compared = finite & torch.isfinite(differences)
+    return bool((differences > ELEMENT_TOLERANCE * (1 + torch.maximum(a.abs(), b.abs())))[compared].any())
+
+
+HEAD = 4  # sample elements a value is first compared on, in Python: most pairs differ there
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _apart_values(a: list[float], b: list[float]) -> bool:
+    """`_apart` of two short lists of float32 values, in Python (a few µs where torch's ops
+    on tiny tensors take 80). Stricter by a margin than `_close_everywhere`, which compares
+    in float32, so that it never rules out a pair that would be close: a difference float32
+    could not hold is left to `close`."""
+    for x, y in zip(a, b):
+        if math.isfinite(x) != math.isfinite(y):
+            return True
+        difference = abs(x - y)
+        if difference < FLOAT32_MAX / 2 and difference > ELEMENT_TOLERANCE * (1 + max(abs(x), abs(y))) * (1 + 1e-5):
+            return True
+    return False
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
     """Relative to the larger magnitude of the two (a softmax over 8,192 values is all
     under 1e-3: a tolerance of 2e-4 in absolute terms would find it equal to anything that
@@ -553,6 +586,7 @@ class _Equivalences:
         # of these is that value (`(x + b) * 4 * 0.25`: `* 4` folds `x + b` in, `* 0.25` is it)
         self.folded: set = set()
         self.samples: dict = {}
+        self.heads: dict = {}
         self.images: dict = {}
         self.made_constant: set = set()
         self.through_constants = False
@@ -684,11 +718,17 @@ class _Equivalences:
             self.samples[node] = flat[index]
         return self.samples[node]
 
+    def _head(self, node) -> list[float]:
+        if node not in self.heads:
+            self.heads[node] = self._sample(node)[:HEAD].tolist()
+        return self.heads[node]
+
     def _same(self, op, node) -> bool:
         """`op`'s value is `node`'s: reshaped, or repeated along the batch, or its first block."""
         a, b = op.value, node.value
         if a.numel() == b.numel():
-            return close(self._sample(op), self._sample(node)) and close(a.reshape(-1), b.reshape(-1))
+            return not _apart_values(self._head(op), self._head(node)) and close(self._sample(op), self._sample(node)) \
+                and close(a.reshape(-1), b.reshape(-1))
         if a.dim() == b.dim() and a.dim() > 0 and a.shape[1:] == b.shape[1:] and a.numel() and b.numel():
             big, small = (a, b) if a.shape[0] > b.shape[0] else (b, a)
             return big.shape[0] % small.shape[0] == 0 and all(close(part, small)
@@ -741,6 +781,7 @@ class _Equivalences:
                 reduced = list(source.shape)
                 reduced[dim:dim + 1] = [1] if keep else []
                 if (tuple(reduced) == tuple(target.shape) and source.shape[dim] > 1
+                        and not _apart(*_end_fibres_reduced(source, target, dim))
                         and close(torch.logsumexp(source, dim, keepdim=keep), target)):
                     return ("logsumexp",), [node]
         return None
@@ -1036,11 +1077,24 @@ def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, .
     return ("mul",) * scaled + ("add",) * shifted or None
 
 
+def _end_fibres_reduced(source: torch.Tensor, target: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-sum-exp along `dim` of the first and the last fibre of `source`, and the two
+    elements of `target` they would be (`_reduction` rules most candidates out on these)."""
+    ends = [tuple(slice(None) if d == dim else end for d in range(source.dim())) for end in (0, -1)]
+    reduced = torch.stack([torch.logsumexp(source[index], 0) for index in ends])
+    kept = [tuple(i for d, i in enumerate(index) if d != dim or source.dim() == target.dim()) for index in ends]
+    return reduced, torch.stack([target[tuple(0 if isinstance(i, slice) else i for i in index)] for index in kept])
+
+
 def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
-    try:
-        return (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    except RuntimeError:
-        return ()
+    """The shape of a @ b, or () when the batch dimensions do not broadcast (in Python:
+    torch.broadcast_shapes cost a third of a matrix product's recognition)."""
+    batch = []
+    for x, y in itertools.zip_longest(reversed(a.shape[:-2]), reversed(b.shape[:-2]), fillvalue=1):
+        if x != y and 1 not in (x, y):
+            return ()
+        batch.insert(0, y if x == 1 else x)
+    return (*batch, a.shape[-2], b.shape[-1])
 
 
 def _conv_settings(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor):

@@ -16,6 +16,7 @@ re-sized by its batch alone (`batch_only`).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -60,10 +61,10 @@ def size_constants(code: str) -> dict[str, int]:
 
 
 def int_constants(code: str) -> dict[str, int]:
-    """Every module-level `NAME = <int>` of `code`, by name, whatever it sizes."""
-    finder = _Constants()
-    cst.parse_module(code).visit(finder)
-    return finder.values
+    """Every module-level `NAME = <int>` of `code`, by name, whatever it sizes; the last
+    assignment of a name wins, as it does at run time."""
+    return {assign.targets[0].target.value: _integer(assign.value)
+            for statement in _parsed(code).body if (assign := _is_constant(statement))}
 
 
 def at_level(constants: dict[str, int], level: int, batch_only: bool = False) -> dict[str, int] | None:
@@ -159,11 +160,28 @@ def as_stored(code: str, metrics: dict) -> str:
 
 def with_constants(code: str, values: dict[str, int]) -> str:
     """`code` with each `name = <int>` of `values` set (a task the checks re-sized, rebuilt
-    from its original code and the sizes they chose)."""
-    return cst.parse_module(code).visit(_SetConstants(values)).code
+    from its original code and the sizes they chose). Only the module's own statements are
+    rebuilt: visiting the whole tree was most of a trace's cost in `opsynth dedupe`."""
+    module = _parsed(code)
+    return module.with_changes(body=[_set_constant(statement, values) for statement in module.body]).code
 
 
-def _is_constant(node: cst.SimpleStatementLine) -> cst.Assign | None:
+@functools.lru_cache(maxsize=8)
+def _parsed(code: str) -> cst.Module:
+    """One parse for the several readings and re-sizings of one task (libcst's trees are immutable)."""
+    return cst.parse_module(code)
+
+
+def _set_constant(statement: cst.CSTNode, values: dict[str, int]) -> cst.CSTNode:
+    assign = _is_constant(statement)
+    if assign is None or assign.targets[0].target.value not in values:
+        return statement
+    return statement.with_changes(body=[assign.with_changes(value=cst.Integer(str(values[assign.targets[0].target.value])))])
+
+
+def _is_constant(node: cst.CSTNode) -> cst.Assign | None:
+    if not isinstance(node, cst.SimpleStatementLine):
+        return None
     statement = node.body[0] if len(node.body) == 1 else None
     if (isinstance(statement, cst.Assign) and len(statement.targets) == 1
             and isinstance(statement.targets[0].target, cst.Name) and _integer(statement.value) is not None):
@@ -186,32 +204,3 @@ def _integer(node: cst.BaseExpression) -> int | None:
         if left is not None and right is not None:
             return _ARITHMETIC[type(node.operator)](left, right)
     return None
-
-
-class _Constants(cst.CSTVisitor):
-    """Every module-level `NAME = <int>`; the last assignment of a name wins, as it does at run time."""
-
-    def __init__(self):
-        self.values: dict[str, int] = {}
-
-    def visit_Module(self, node: cst.Module) -> bool:
-        for statement in node.body:
-            if isinstance(statement, cst.SimpleStatementLine) and (assign := _is_constant(statement)):
-                self.values[assign.targets[0].target.value] = _integer(assign.value)
-        return False
-
-
-class _SetConstants(cst.CSTTransformer):
-    def __init__(self, values: dict[str, int]):
-        self.values = values
-
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        body = []
-        for statement in updated.body:
-            if isinstance(statement, cst.SimpleStatementLine) and (assign := _is_constant(statement)):
-                name = assign.targets[0].target.value
-                if name in self.values:
-                    statement = statement.with_changes(
-                        body=[assign.with_changes(value=cst.Integer(str(self.values[name])))])
-            body.append(statement)
-        return updated.with_changes(body=body)

@@ -451,3 +451,14 @@ def test_a_data_dependent_op_does_not_hide_a_branch_on_the_batch_from_the_trace(
     honest = make_task("return torch.relu(self.linear(x)) * 2.0" + picked, init=linear)
     graph = harness.trace(decoy)
     assert graph == harness.trace(honest) and "relu" in graph and "cumsum" not in graph, graph
+
+
+def test_a_cpu_build_draws_the_values_torch_manual_seed_gave_it():
+    """execution.seed_for seeds the CPU generator alone: the same draws as before, so cached
+    readings and verdicts stand."""
+    from filters.sandbox.execution import seed_for
+    torch.manual_seed(11)
+    expected = torch.randn(5)
+    torch.manual_seed(0)
+    seed_for(torch.device("cpu"), 11)
+    assert torch.equal(torch.randn(5), expected)

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from filters.sandbox.harness import _trace_sizes, trace
-from filters.sandbox.op_graph import op_graph
+from filters.sandbox.op_graph import ELEMENT_TOLERANCE, _apart, _apart_values, _matmul_shape, close, op_graph
 from filters.sandbox.static_check import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
@@ -69,6 +69,49 @@ SHIFT = BN.bias - BN.running_mean * SCALE
 ])
 def test_a_composite_and_its_written_forms_read_the_same(name, library, written):
     assert ops(library) == ops(written) == [name]
+
+
+@pytest.mark.parametrize("dim, keep", [(1, False), (1, True), (-1, False), (0, True)])
+def test_a_log_sum_exp_written_out_reads_as_one_along_any_dimension(dim, keep):
+    def written(x):
+        top = x.amax(dim, keepdim=True)
+        out = top + torch.log(torch.exp(x - top).sum(dim, keepdim=True))
+        return out if keep else out.squeeze(dim)
+    assert ops(written) == ops(lambda x: torch.logsumexp(x, dim, keepdim=keep)) == ["logsumexp"]
+
+
+def test_a_test_on_a_few_elements_rules_out_only_what_the_whole_comparison_would():
+    """`_apart` (or `_apart_values`) on any elements implies `close` fails on the tensors
+    holding them: it may save a comparison, never change one."""
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(64, 64, generator=generator) * torch.logspace(-4, 4, 64)
+    pairs = [(base, base + scale * torch.randn(64, 64, generator=generator) * base.abs())
+             for scale in (0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1.0)]
+    for special_here, special_there in ((float("nan"), float("nan")), (float("nan"), 0.0), (float("inf"), 1e30),
+                                        (float("inf"), float("inf")), (float("-inf"), float("inf"))):
+        here, there = base.clone(), base.clone()
+        here[3, 5], there[3, 5] = special_here, special_there
+        pairs.append((here, there))
+    for a, b in pairs:
+        for rows in (slice(0, 1), slice(3, 4), slice(None)):
+            assert not (_apart(a[rows], b[rows]) and close(a, b))
+            assert not (_apart_values(a[rows].flatten().tolist(), b[rows].flatten().tolist()) and close(a, b))
+    far = base.clone()
+    far[0, 0] += 1.0 + 2 * ELEMENT_TOLERANCE * (1 + far[0, 0].abs())
+    assert _apart(base[:1], far[:1]) and _apart_values(base[0, :1].tolist(), far[0, :1].tolist())
+    assert not close(base, far)
+    assert not _apart(base[:1], base[:1].clone()) and not _apart_values(base[0].tolist(), base[0].tolist())
+
+
+def test_the_shape_of_a_product_broadcasts_as_torch_does():
+    shapes = [(2, 3), (1, 3, 2), (4, 1, 2, 3), (0, 3, 3), (5, 3, 3), (4, 5, 3, 4), (1, 0, 3, 1)]
+    for a, b in [(a, b) for a in shapes for b in shapes]:
+        x, y = torch.empty(a, device="meta"), torch.empty(b, device="meta")
+        try:
+            expected = (*torch.broadcast_shapes(a[:-2], b[:-2]), a[-2], b[-1])
+        except RuntimeError:
+            expected = ()
+        assert _matmul_shape(x, y) == expected, (a, b)
 
 
 def test_silu_only_when_the_multiplication_takes_the_sigmoids_own_input():

@@ -1,8 +1,8 @@
 """Re-sizing along ladders of real layer sizes (filters/sandbox/resize.py), without the sandbox."""
 import random
 
-from filters.sandbox.resize import (at_level, chosen_sizes, kind_of, nearest_level, size_constants, with_constants,
-                                    work_ratio)
+from filters.sandbox.resize import (at_level, chosen_sizes, int_constants, kind_of, nearest_level, size_constants,
+                                    with_constants, work_ratio)
 from operators.layouts import LAYOUTS, draw_sizes, size_table
 from operators.sizes import LADDERS, in_ladders, power_of_two
 
@@ -71,3 +71,22 @@ def test_drawn_sizes_are_real_layer_sizes_with_real_aspect_ratios():
 
 def test_ladders_hold_only_multiples_of_eight():
     assert all(rung % 8 == 0 for ladder in LADDERS.values() for rung in ladder)
+
+
+def test_setting_constants_changes_the_module_level_ints_alone_and_keeps_every_other_character():
+    code = ("import torch  # sizes below\n\n"
+            "batch_size = 2  # the batch\n"
+            "features = (16 *\n            2)\n"
+            "a = b = 8\n"
+            "height = 4; width = 4\n"
+            "dim: int = 1\n\n\n"
+            "class Model(torch.nn.Module):\n"
+            "    batch_size = 2\n"
+            "    features = 32\n")
+    sizes = {"batch_size": 64, "features": 256, "a": 1, "height": 1, "width": 1, "dim": 3}
+    assert int_constants(code) == {"batch_size": 2, "features": 32}  # one name to one int, at module level
+    assert with_constants(code, sizes) == code.replace("batch_size = 2  #", "batch_size = 64  #", 1).replace(
+        "(16 *\n            2)", "256", 1)
+    assert with_constants(code, {}) == code
+    assert with_constants(with_constants(code, sizes), {"batch_size": 2}) == \
+        code.replace("(16 *\n            2)", "256", 1)  # from the rebuilt text, not a stale parse
