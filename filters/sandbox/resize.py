@@ -174,9 +174,10 @@ def _parsed(code: str) -> cst.Module:
 
 def _set_constant(statement: cst.CSTNode, values: dict[str, int]) -> cst.CSTNode:
     assign = _is_constant(statement)
-    if assign is None or assign.targets[0].target.value not in values:
+    name = assign.targets[0].target.value if assign else None
+    if name not in values:
         return statement
-    return statement.with_changes(body=[assign.with_changes(value=cst.Integer(str(values[assign.targets[0].target.value])))])
+    return statement.with_changes(body=[assign.with_changes(value=cst.Integer(str(values[name])))])
 
 
 def _is_constant(node: cst.CSTNode) -> cst.Assign | None:
