@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from filters.sandbox import ablation, numerics, purity
+from filters.sandbox import ablation, gpu_memory, numerics, purity
 from filters.sandbox.execution import (GpuGate, Reject, all_finite, build_model, close, flatten, forward,
                                        fresh_copies, fresh_factor, identical, load_and_run, load_task, make_inputs,
                                        max_diff, measure, ran_out_of_gpu_memory, release, scaled_copies, short,
@@ -76,6 +76,7 @@ class TaskUnderTest:
     inputs: list = field(default_factory=list)
     out: list = field(default_factory=list)
     other_out: list = field(default_factory=list)  # the output for a second, independent input
+    search: SizeSearch | None = None  # the re-sizing under way, if the execute check began it
 
 
 
@@ -156,7 +157,24 @@ class Executes(Check):
     measures = {"output_finite": bool}
 
     def run(self, t: TaskUnderTest) -> None:
-        run_eagerly(t, t.code)
+        try:
+            run_eagerly(t, t.code)
+        except Reject as reject:
+            if reject.reason != "out_of_memory" or not gpu_memory.at_the_most():
+                raise
+            # The size as written outgrew the most one job may hold, twice the memory the
+            # timing check lets a task's forward take: that check would shrink it anyway. It
+            # shrinks here, by the same search, rather than run again with the GPU to itself
+            # (on the H200, 45 of 512 candidates did, every one to end smaller: a quarter of
+            # the workers' time). Where no smaller size runs, the job still runs again alone.
+            release(t.device)
+            search = SizeSearch(t.code)
+            try:
+                load_resized(t, search, search.out_of_memory(0))
+            except Reject:
+                raise reject from None
+            t.search = search
+            t.metrics["resized"] = True  # the code the later checks run is not the code as written
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
         finite = flag(metrics, "output_finite")
@@ -209,7 +227,7 @@ class InTimingWindow(Check):
         low, high = cfg["window_ms"]
         target = min(max(cfg["target_ms"], low), high)
         cap_bytes = memory_cap_mb(cfg) * 2**20
-        search = SizeSearch(t.code)
+        search = t.search or SizeSearch(t.code)  # carried on where the execute check shrank the task
         rounds, attempt = cfg["max_resize_rounds"], 0
         while True:
             last = attempt == rounds
@@ -244,14 +262,14 @@ class InTimingWindow(Check):
                 break
             self._unload(t)
             try:
-                self._load_resized(t, search, level)
+                load_resized(t, search, level)
             except Reject:
                 if inside_at is None:
                     raise
                 # In the window, aiming closer: a size the task cannot take (a buffer of fixed
                 # shape) leaves it where it was, and a precise measure decides there.
                 search.batch_only, search.level = inside_at
-                self._load_resized(t, search, search.level)
+                load_resized(t, search, search.level)
                 self._measure(t, search, precise=True)
                 break
             attempt += 1
@@ -298,31 +316,6 @@ class InTimingWindow(Check):
         if peak is not None and peak > cap_bytes:
             return cap_bytes / peak * 0.8
         return target / max(eager_ms, 1e-3)
-
-    @staticmethod
-    def _load_resized(t: TaskUnderTest, search: SizeSearch, level: int) -> None:
-        """Load the task at `level` into `t`. Running out of memory makes it a too-slow bound
-        and tries smaller; a model that cannot be built at other widths or extents (or gives
-        NaN there) is searched again by its batch alone."""
-        while level is not None:
-            code = search.code_at(level)
-            try:
-                run_eagerly(t, code)
-            except Reject as reject:
-                release(t.device)
-                if reject.reason == "out_of_memory":
-                    level = search.out_of_memory(level)
-                    continue
-                if search.batch_only or not search.changes_widths(level) or (level := search.by_batch_alone()) is None:
-                    raise
-                continue
-            search.level = level
-            t.code = code
-            for name in [key for key in t.metrics if key.startswith(SIZE_METRIC)]:
-                del t.metrics[name]
-            t.metrics.update(search.metrics(level))
-            return
-        raise Reject("timing", "too_large", "no smaller size of the task fits in memory")
 
 
 class SizeSearch:
@@ -383,6 +376,31 @@ class SizeSearch:
         batch = {"batch_size": sizes[RESIZE_CONSTANT]} if RESIZE_CONSTANT in sizes else {}
         scope = "batch" if self.batch_only else "whole"
         return {**sizes_metrics(self.constants, sizes), **batch, "resize_scope": scope}
+
+
+def load_resized(t: TaskUnderTest, search: SizeSearch, level: int) -> None:
+    """Load the task at `level` into `t`. Running out of memory makes it a too-slow bound
+    and tries smaller; a model that cannot be built at other widths or extents (or gives
+    NaN there) is searched again by its batch alone."""
+    while level is not None:
+        code = search.code_at(level)
+        try:
+            run_eagerly(t, code)
+        except Reject as reject:
+            release(t.device)
+            if reject.reason == "out_of_memory":
+                level = search.out_of_memory(level)
+                continue
+            if search.batch_only or not search.changes_widths(level) or (level := search.by_batch_alone()) is None:
+                raise
+            continue
+        search.level = level
+        t.code = code
+        for name in [key for key in t.metrics if key.startswith(SIZE_METRIC)]:
+            del t.metrics[name]
+        t.metrics.update(search.metrics(level))
+        return
+    raise Reject("timing", "too_large", "no smaller size of the task fits in memory")
 
 
 def nearest_from(constants: dict[str, int], level: int, factor: float, too_fast_at: float, too_slow_at: float,

@@ -203,3 +203,9 @@ def _pause(report) -> None:
 # The memory the job of this process holds, when its worker counts memory (worker._start_cuda
 # sets it before any task code runs): the process's allocator has one cap, as a job has one.
 held: GpuMemory | None = None
+
+
+def at_the_most() -> bool:
+    """Whether this process's job holds all it may: an out-of-memory then is the task's own
+    size, the same at any number of workers (other jobs crowding it out is GpuMemoryBusy)."""
+    return held is not None and len(held.held) >= held.most

@@ -1,7 +1,7 @@
 """Sandbox throughput: a candidate folder through `opsynth validate`, and where the time went.
 
     python -m tests.benchmarks.bench_throughput TASKS [--limit N] [--device cuda] [--workers N]
-        [--tree DIR] [--name NAME] [--json FILE] [--timeout-s S] [-- MORE VALIDATE FLAGS]
+        [--tree DIR] [--name NAME] [--json FILE] [--records FILE] [--timeout-s S] [-- MORE VALIDATE FLAGS]
 
 Copies the first N .py files of TASKS (from compose_candidates; .bench/cands holds 512) to a
 folder of its own and runs the real command on them, `python -m pipeline.cli validate`, with
@@ -54,7 +54,11 @@ def main() -> None:
         busy = sampler.stop() if sampler else None
         if code != 0 or not (out / "stats.json").exists():
             raise SystemExit(f"opsynth validate exited with {code}; see its output above")
-        summary = summarise(args, read_records(out), read_worker_starts(out / "workers.log"), wall_s, busy)
+        records = read_records(out)
+        summary = summarise(args, records, read_worker_starts(out / "workers.log"), wall_s, busy)
+        if args.records:  # each candidate's verdict and metrics (no code), for a closer look later
+            Path(args.records).write_text("".join(json.dumps({"id": r["candidate"]["id"], **r["verdict"]}) + "\n"
+                                                  for r in records))
     print_report(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
@@ -69,6 +73,7 @@ def parse_args():
     parser.add_argument("--tree", default=None, help="run this folder's code (pipeline/, filters/, ...) instead")
     parser.add_argument("--name", default="", help="a label for the report")
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--records", help="write each candidate's verdict and metrics here (JSON lines)")
     parser.add_argument("--timeout-s", type=float, default=240.0, help="the command's per-candidate limit")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)

@@ -149,7 +149,7 @@ if [ "$STAGE" = throughput ]; then
     NAME=${1:-after}; TREE=${2:-.}; WORKERS=${3:-0}; N=${4:-512}; TASKS=${5:-.bench/cands}
     tree=(); [ "$TREE" != . ] && tree=(--tree "$TREE")
     timeout -s INT -k 15 "${LIMIT_S:-560}" python3 -m tests.benchmarks.bench_throughput "$TASKS" --limit "$N" \
-        --device cuda --workers "$WORKERS" --name "$NAME" --json "$OUT/$NAME.json" ${tree[@]+"${tree[@]}"} -- --max-memory-gb 24 \
+        --device cuda --workers "$WORKERS" --name "$NAME" --json "$OUT/$NAME.json" --records "$OUT/$NAME.records.jsonl" ${tree[@]+"${tree[@]}"} -- --max-memory-gb 24 \
         2>&1 | grep -v "^WARNING" | tail -12
     exit 0
 fi

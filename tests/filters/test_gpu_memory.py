@@ -17,7 +17,9 @@ from filters.sandbox import gpu_memory
 from filters.sandbox.execution import GpuGate
 from filters.sandbox.gpu_memory import UNIT_BYTES, GpuMemory, GpuMemoryBusy, make_units
 from filters.sandbox.harness import evaluate
+from filters.sandbox.resize import as_stored
 from filters.sandbox.worker import gpu_memory_ran_out
+from tests.conftest import make_task
 
 GIB = 2**30
 
@@ -165,6 +167,40 @@ def test_a_job_crowded_out_of_gpu_memory_is_no_verdict_and_runs_again_alone(lock
     assert (verdict["stage"], verdict["reason"]) == ("execute", "out_of_memory")
     assert "other jobs on this GPU held" in verdict["detail"]
     assert gpu_memory_ran_out(verdict, {"device": "cuda", "gpu_memory_gb": 2.0}, {})
+
+
+def _outgrows_the_gpu_past(elements: int) -> str:
+    """A task whose allocation fails, as on a full GPU, while its input holds more than `elements`."""
+    return make_task(f"if x.numel() > {elements}:\n    raise RuntimeError('CUDA out of memory. Tried to allocate 8.00 GiB')\n"
+                     "return torch.tanh(x) * 2.0")
+
+
+def test_a_task_too_large_for_the_most_a_job_holds_is_shrunk_by_the_execute_check_not_run_again_alone(lock, monkeypatch):
+    """At the size as written it outgrows the most one job may hold: that is the task's own
+    size (the timing check would shrink it anyway), so the execute check shrinks it by the
+    timing check's search, and the pool's rewrite of the submitted code is the code the
+    checks ran. A task that runs out at every size is still handed back to run alone."""
+    monkeypatch.setattr(gpu_memory, "held", _job(lock, most_gib=2))
+    code = _outgrows_the_gpu_past(4096)  # 64 x 256 as written
+    verdict = evaluate(code, {"timing_lock": lock, "compile": False, "window_ms": [1e-6, 1e6]})
+    assert verdict["passed"], verdict
+    assert verdict["metrics"]["resized"] is True and gpu_memory.held.held_bytes == 2 * GIB and not gpu_memory.held.alone
+    assert as_stored(code, verdict["metrics"]) == verdict["code"] != code
+    assert evaluate(verdict["code"], {"compile": False, "window_ms": [1e-6, 1e6]})["metrics"].get("resized") is False
+
+    monkeypatch.setattr(gpu_memory, "held", _job(lock, most_gib=2))
+    never_fits = evaluate(_outgrows_the_gpu_past(0), {"timing_lock": lock, "compile": False})
+    assert (never_fits["stage"], never_fits["reason"]) == ("execute", "out_of_memory")
+    assert gpu_memory_ran_out(never_fits, {"device": "cuda", "gpu_memory_gb": 2.0}, {})
+
+
+def test_where_no_memory_is_counted_an_out_of_memory_is_never_a_size_signal(lock, monkeypatch):
+    """A worker that counts no memory cannot tell the task's size from a crowded GPU: the
+    execute check leaves the size as written, and the worker runs the job again alone."""
+    monkeypatch.setattr(gpu_memory, "held", None)
+    verdict = evaluate(_outgrows_the_gpu_past(4096), {"timing_lock": lock, "compile": False})
+    assert (verdict["stage"], verdict["reason"]) == ("execute", "out_of_memory")
+    assert "resized" not in verdict["metrics"]
 
 
 def test_the_units_are_made_for_a_jailed_worker_to_read_whatever_the_pools_umask(tmp_path):
