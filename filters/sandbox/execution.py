@@ -50,9 +50,9 @@ class GpuGate:
     Timing is the writer: it takes the GPU in a gap between the other workers' steps when
     one comes soon (POLITE_S), else it closes the gate (no new GPU work may start), waits for
     the GPU work under way to finish; then it measures alone. Every other stretch of GPU work
-    is a reader, held for one step (a build, a forward, a comparison), not a whole check: a
-    timer that closed the gate waits for the longest reader under way, and every other
-    worker waits behind it.
+    is a reader, held for one step (a build, a forward, a comparison), not a whole check. A
+    timer that closed the gate behind a long step opens it again after DRAIN_S, so that only
+    the timer, not every worker, waits that step out.
     Both are flock(2) locks on files beside each other, so they hold across processes and
     are released by the OS if a worker dies. Without a path (CPU) both are no-ops.
     A step that holds the gate past `step_limit_s` ends its process (SIGALRM's default
@@ -70,6 +70,7 @@ class GpuGate:
         self.shared_s = 0.0  # time spent holding the GPU with others
         self.longest_s, self.longest_step = 0.0, ""  # the longest single hold: what every timer waited behind
         self.long_holds, self.long_held_s = 0, 0.0  # shared holds of LONG_HOLD_S or more: what timers drain
+        self.reopened = 0  # times this job's timer closed the gate, found a long step under way and opened it again
 
     @contextlib.contextmanager
     def shared(self, step: str = "a step"):
@@ -144,10 +145,7 @@ class GpuGate:
             return
         with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
-            closed = not _in_a_gap(gpu, POLITE_S)
-            if closed:
-                fcntl.flock(gate, fcntl.LOCK_EX)
-                fcntl.flock(gpu, fcntl.LOCK_EX)
+            closed = self._alone(gate, gpu, began)
             entered = self._entered(began)
             self.timer_waited_s += entered - began
             try:
@@ -161,6 +159,25 @@ class GpuGate:
                 if closed:
                     fcntl.flock(gate, fcntl.LOCK_UN)
                 self.alone_s += self._held(entered, step)
+
+    def _alone(self, gate, gpu, began: float) -> bool:
+        """Hold the GPU lock alone: in a gap between steps, else by closing the gate for the
+        steps under way to end. A step still under way after DRAIN_S is a long one: the gate
+        opens again, and the other workers work beside it while this timer waits it out,
+        until it has waited TIMER_PATIENCE_S (then it keeps the gate closed: never starved).
+        Whether the gate was closed (to open when done)."""
+        while True:
+            if _in_a_gap(gpu, POLITE_S):
+                return False
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            patient = time.perf_counter() - began < TIMER_PATIENCE_S
+            if not patient:
+                fcntl.flock(gpu, fcntl.LOCK_EX)
+                return True
+            if _in_a_gap(gpu, DRAIN_S):
+                return True
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            self.reopened += 1
 
     def _entered(self, began: float) -> float:
         """Count the wait, report it, and arm the step limit; the time the hold began."""
@@ -187,7 +204,8 @@ class GpuGate:
         return {**memory, "gate_wait_ms": self.waited_s * 1e3, "gpu_alone_ms": self.alone_s * 1e3,
                 "gate_shared_ms": self.shared_s * 1e3, "gate_longest_ms": self.longest_s * 1e3,
                 "gate_longest_step": self.longest_step[:200], "gate_timer_wait_ms": self.timer_waited_s * 1e3,
-                "gate_long_holds": self.long_holds, "gate_long_held_ms": self.long_held_s * 1e3}
+                "gate_long_holds": self.long_holds, "gate_long_held_ms": self.long_held_s * 1e3,
+                "gate_reopened": self.reopened}
 
 
 # A timer first looks this long for a gap between other workers' steps, stopping none of
@@ -195,7 +213,12 @@ class GpuGate:
 # stopped every worker behind whichever step was under way when a timer came: on the H200, 8
 # workers waited 483 s at the gate for 25 s of timing (200 candidates, one forward held 8.6 s).
 POLITE_S, GAP_POLL_S = 0.5, 0.002
-LONG_HOLD_S = 1.0  # a shared hold this long is counted apart: a timer that closes the gate behind it waits it out
+LONG_HOLD_S = 1.0  # a shared hold this long is counted apart
+# A closed gate waits this long for the steps under way, then opens again. On the H200 (16
+# workers, 512 candidates) 36 shared steps of 1 s or more (torch.special kernels compiled at
+# run time, float64 forwards, slow sizes' measures) held 110 s in all, up to 13 s each, and
+# every worker queued behind each one that a timer closed the gate on (1,400 s of waiting).
+DRAIN_S, TIMER_PATIENCE_S = 0.2, 30.0
 
 
 def _in_a_gap(gpu, within_s: float) -> bool:

@@ -192,6 +192,7 @@ def test_a_timer_takes_a_gap_between_steps_and_stops_no_worker_while_it_looks_fo
 def test_a_timer_that_finds_no_gap_closes_the_gate(tmp_path, monkeypatch):
     from filters.sandbox import execution
     monkeypatch.setattr(execution, "POLITE_S", 0.05)
+    monkeypatch.setattr(execution, "DRAIN_S", 5.0)  # the step under way ends while the gate is closed
     path = str(tmp_path / "gpu0.lock")
     entered = threading.Event()
     first = threading.Thread(target=_hold, args=(GpuGate(path), 0.4, entered))
@@ -211,3 +212,48 @@ def test_a_timer_that_finds_no_gap_closes_the_gate(tmp_path, monkeypatch):
     first.join()
     timer.join(5)
     assert late.waited_s >= 0.15  # it waited for the step under way and the timer
+
+
+def _steps_beside(path: str, until: threading.Event) -> list[float]:
+    """What each of a worker's short steps waited at the gate, one after another until `until`."""
+    waits = []
+    while not until.is_set():
+        worker = GpuGate(path)
+        with worker.shared("short"):
+            time.sleep(0.01)
+        waits.append(worker.waited_s)
+    return waits
+
+
+def test_a_timer_behind_a_long_step_opens_the_gate_again_and_waits_it_out_alone(tmp_path, monkeypatch):
+    """A step of a second is under way (a kernel compiled at run time, a float64 forward): a
+    timer that closed the gate behind it opens it again after DRAIN_S, so the other workers'
+    steps go on while only the timer waits; it holds the GPU alone once the long step ends.
+    Past TIMER_PATIENCE_S it keeps the gate closed, as before (never starved)."""
+    from filters.sandbox import execution
+    monkeypatch.setattr(execution, "POLITE_S", 0.05)
+    monkeypatch.setattr(execution, "DRAIN_S", 0.05)
+    path = str(tmp_path / "gpu0.lock")
+    for patience, long_step in ((30.0, 1.0), (0.0, 0.6)):
+        monkeypatch.setattr(execution, "TIMER_PATIENCE_S", patience)
+        entered, timed = threading.Event(), threading.Event()
+        holder = threading.Thread(target=_hold, args=(GpuGate(path), long_step, entered))
+        holder.start()
+        entered.wait(5)
+        timer = GpuGate(path)
+
+        def measure():
+            with timer.exclusive():
+                timed.set()
+        measuring = threading.Thread(target=measure)
+        measuring.start()
+        waits = _steps_beside(path, timed)
+        holder.join()
+        measuring.join(5)
+        assert timed.is_set() and timer.waited_s >= long_step - 0.1  # it waited the long step out
+        if patience:
+            assert len(waits) > 10 and max(waits) < 0.2, waits  # the others' steps went on meanwhile
+            assert timer.metrics()["gate_reopened"] >= 3
+        else:
+            assert max(waits) >= long_step - 0.2, waits  # closed behind the long step, as before
+            assert timer.metrics()["gate_reopened"] == 0
