@@ -159,28 +159,38 @@ class Executes(Check):
     def run(self, t: TaskUnderTest) -> None:
         try:
             run_eagerly(t, t.code)
+            return
         except Reject as reject:
             if reject.reason != "out_of_memory" or not gpu_memory.at_the_most():
                 raise
-            # The size as written outgrew the most one job may hold, twice the memory the
-            # timing check lets a task's forward take: that check would shrink it anyway. It
-            # shrinks here, by the same search, rather than run again with the GPU to itself
-            # (on the H200, 45 of 512 candidates did, every one to end smaller: a quarter of
-            # the workers' time). Where no smaller size runs, the job still runs again alone.
-            release(t.device)
-            search = SizeSearch(t.code)
-            try:
-                load_resized(t, search, search.out_of_memory(0))
-            except Reject:
-                raise reject from None
-            t.search = search
-            t.metrics["resized"] = True  # the code the later checks run is not the code as written
+            failed = without_frames(reject)
+        # The size as written outgrew the most one job may hold, twice the memory the
+        # timing check lets a task's forward take: that check would shrink it anyway. It
+        # shrinks here, by the same search, rather than run again with the GPU to itself
+        # (on the H200, 45 of 512 candidates did, every one to end smaller: a quarter of
+        # the workers' time). Where no smaller size runs, the job still runs again alone.
+        release(t.device)
+        search = SizeSearch(t.code)
+        try:
+            load_resized(t, search, search.out_of_memory(0))
+        except Reject:
+            raise failed from None
+        t.search = search
+        t.metrics["resized"] = True  # the code the later checks run is not the code as written
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
         finite = flag(metrics, "output_finite")
         if finite is None:
             return unmeasured("output_finite")
         return None if finite else ("nan_or_inf", "the eager output holds NaN or Inf")
+
+
+def without_frames(reject: Reject) -> Reject:
+    """`reject`, kept past its handler without the frames it was raised through, nor the
+    task's error it was raised from: their locals hold the model and inputs that ran out
+    of memory (on the H200 every smaller size of 44 tasks ran out beside them)."""
+    reject.__context__ = reject.__cause__ = None
+    return reject.with_traceback(None)
 
 
 def run_eagerly(t: TaskUnderTest, code: str) -> None:
