@@ -85,12 +85,18 @@ def task_memory_budget_gb(gpus: list[int]) -> float:
     return gpu_share_gb(gpus, BUDGET_WORKERS_PER_GPU * len(gpus)) / 2
 
 
+JOB_WORKERS_PER_GPU = 4  # the most one job may hold is the share of 4 workers a GPU: four task budgets
+
+
 def job_memory_gb(gpus: list[int], workers: int) -> float:
     """The most GPU memory one job may hold (filters/sandbox/gpu_memory.py): its worker's
-    share, and never less than the share of 8 workers a GPU, twice the task budget, whatever
-    the number of workers. The jobs of a GPU hold what they need of it, counted, so 16 workers
-    do not split it into shares a budget-sized task outgrows."""
-    return gpu_share_gb(gpus, min(workers, BUDGET_WORKERS_PER_GPU * len(gpus)))
+    share, and never less than the share of JOB_WORKERS_PER_GPU workers a GPU, four times
+    the task budget, whatever the number of workers. The checks after timing hold more than
+    the forward the budget bounds: the float64 probe holds the task in float32 (model,
+    inputs, output and a full-float32 reference) beside its float64 copy and that copy's
+    intermediates, up to about 3.7 times a memory-bound chain's forward peak. The jobs of a
+    GPU hold what they need of it, counted, so a job grows that far only when it must."""
+    return gpu_share_gb(gpus, min(workers, JOB_WORKERS_PER_GPU * len(gpus)))
 
 
 def sandbox_options(cfg: RunConfig, device: str, gpus: list[int], workers: int, out_dir: Path) -> SandboxOptions:

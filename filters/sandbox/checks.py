@@ -164,7 +164,7 @@ class Executes(Check):
             if reject.reason != "out_of_memory" or not gpu_memory.at_the_most():
                 raise
             failed = without_frames(reject)
-        # The size as written outgrew the most one job may hold, twice the memory the
+        # The size as written outgrew the most one job may hold, four times the memory the
         # timing check lets a task's forward take: that check would shrink it anyway. It
         # shrinks here, by the same search, rather than run again with the GPU to itself
         # (on the H200, 45 of 512 candidates did, every one to end smaller: a quarter of

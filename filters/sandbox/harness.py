@@ -42,17 +42,19 @@ def evaluate(code: str, config: dict) -> dict:
     cfg = {**DEFAULTS, **config}
     gate = gpu_gate(cfg)
     t = TaskUnderTest(code, cfg, torch.device(cfg["device"]), gate)
+    running = None
     try:
-        for check in CHECKS:
-            if check.enabled(cfg):
-                with timed(t.metrics, check.stage):
-                    check.run(t)
+        for running in [check for check in CHECKS if check.enabled(cfg)]:
+            with timed(t.metrics, running.stage):
+                running.run(t)
     except Reject as reject:
         return _result(t, False, reject.stage, reject.reason, reject.detail, code)
     except (Exception, GpuMemoryBusy) as error:
         # A later stage of the task's own code failed, or other jobs held the GPU memory it
-        # needed: an out_of_memory the worker runs again alone.
+        # needed: an out_of_memory the worker runs again alone. Its verdict is the execute
+        # stage's; the check it escaped from is kept for the record.
         reject = as_reject(error, "execute")
+        t.metrics["error_in"] = running.stage if running else "execute"
         return _result(t, False, reject.stage, reject.reason, reject.detail, code)
     finally:
         t.metrics.update(gate.metrics())

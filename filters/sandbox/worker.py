@@ -187,6 +187,7 @@ def run_job(job: dict, options: dict, reasons) -> dict:
             outcome = retried_alone(job, options, reasons)
             outcome["metrics"].update(  # what sent it to run alone, for the throughput benchmark
                 first_failure=f"{first['stage']}/{first['reason']}",
+                first_error_in=first["metrics"].get("error_in"), first_detail=first["detail"][:200],
                 first_gpu_memory_held_mb=first["metrics"].get("gpu_memory_held_mb"),
                 first_job_wall_ms=first["metrics"].get("job_wall_ms"))
     if outcome["passed"]:  # the code as the pool stores it, at the sizes the checks chose, as they ran it

@@ -202,9 +202,16 @@ def alone_reruns(verdicts: list[dict], metrics: list[dict]) -> dict:
     took (both runs) and the rerun's own wait for the GPU."""
     retried = [(v, m) for v, m in zip(verdicts, metrics) if m.get("retried_alone")]
     return {"jobs": len(retried), "accepted": sum(bool(v["passed"]) for v, _ in retried),
-            "first_failures": dict(Counter(str(m.get("first_failure")) for _, m in retried).most_common()),
+            "first_failures": dict(Counter(_first_failure(m) for _, m in retried).most_common()),
             "worker_s": round(sum(_num(m, "job_wall_ms") + _num(m, "first_job_wall_ms") for _, m in retried) / 1e3, 1),
             "rerun_waiting_s": round(sum(_num(m, "gate_timer_wait_ms") for _, m in retried) / 1e3, 1)}
+
+
+def _first_failure(metrics: dict) -> str:
+    """What sent a job to run alone, with the check whose step failed where the verdict's
+    stage does not say it (an error escaping a later check is the execute stage's)."""
+    failure, error_in = str(metrics.get("first_failure")), metrics.get("first_error_in")
+    return f"{failure} in {error_in}" if error_in and not failure.startswith(f"{error_in}/") else failure
 
 
 def long_holds(metrics: list[dict]) -> dict:

@@ -76,6 +76,18 @@ def test_each_execution_reason(results, name):
         assert "depends on what it saw before" in result["detail"], result
 
 
+def test_an_error_escaping_a_later_check_is_the_execute_stages_and_names_the_check():
+    """The task's own error past its first run is an eager error of the execute stage (the
+    stage a repair reads), and the record says which check's step raised it: on the H200
+    every job sent to run alone said `execute/out_of_memory`, whichever check ran out."""
+    code = make_task("self.calls += 1\nif self.calls > 1:\n    raise RuntimeError('only once')\nreturn x * 2.0",
+                     init="self.calls = 0")
+    verdict = harness.evaluate(code, FAST)
+    assert (verdict["stage"], verdict["reason"]) == ("execute", "eager_error")
+    assert verdict["metrics"]["error_in"] == "timing" and "only once" in verdict["detail"]
+    assert "error_in" not in harness.evaluate(make_task("return x * 2.0"), FAST)["metrics"]
+
+
 def test_a_sound_task_passes_with_every_measurement_kept(results):
     result = results["accepted"]
     assert result["passed"], result

@@ -103,7 +103,7 @@ def test_the_benchmark_rates_and_splits_add_up():
     records = [_record("a", 0, t_compile_ms=3000.0, t_execute_ms=500.0, wall_ms=4000.0, gpu_alone_ms=100.0,
                        gate_wait_ms=200.0, gate_longest_ms=80.0, gate_longest_step="forward", gate_timer_wait_ms=300.0),
                _record("b", 1, "nan_or_inf", 1000.0, t_execute_ms=900.0, retried_alone=True, gate_long_holds=2,
-                       first_failure="numerics/out_of_memory", first_job_wall_ms=3000.0, gate_timer_wait_ms=400.0,
+                       first_failure="execute/out_of_memory", first_error_in="numerics", first_job_wall_ms=3000.0, gate_timer_wait_ms=400.0,
                        gate_long_held_ms=2500.0, gate_longest_ms=1500.0, gate_longest_step="Numerics.float64_share")]
     s = summarise(Args, records, starts=[10.0, 20.0], wall_s=120.0, busy=0.25)
     assert s["accepted_per_hour"] == 30 and s["steady_accepted_per_hour"] == 36  # 1 in 120 s; 1 in 100 s
@@ -112,7 +112,7 @@ def test_the_benchmark_rates_and_splits_add_up():
     assert s["gate_s"]["longest_hold_step"] == "Numerics.float64_share" and s["gate_s"]["waiting"] == 0.2
     assert s["gate_s"]["timers_waiting"] == 0.7
     assert s["gate_s"]["long_holds"] == {"holds": 2, "held_s": 2.5, "longest_steps": {"float64_share": 1}}
-    assert s["retried_alone"] == {"jobs": 1, "accepted": 0, "first_failures": {"numerics/out_of_memory": 1},
+    assert s["retried_alone"] == {"jobs": 1, "accepted": 0, "first_failures": {"execute/out_of_memory in numerics": 1},
                                   "worker_s": 4.0, "rerun_waiting_s": 0.4}
     assert s["rejected_by_reason"] == {"nan_or_inf": 1}
     # 2 candidates in 5 s of jobs, 0.2 s of it waiting: 2.4 s of own work each; half accepted

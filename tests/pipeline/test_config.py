@@ -69,6 +69,25 @@ def test_beam_processes_of_a_host_share_its_cores_among_all_their_workers(monkey
     assert _sandbox_options(build_config(None, {}), "cpu", [], 2, tmp_path).threads == 4
 
 
+def test_a_job_may_hold_four_task_budgets_of_gpu_memory_whatever_the_number_of_workers(monkeypatch):
+    """The checks after timing hold more than the forward the task budget bounds (the float64
+    probe holds the task in float32 beside its float64 copy): a job's most is four budgets
+    at any number of workers, and its worker's share where that is more."""
+    import types
+
+    import torch
+
+    from pipeline.devices import gpu_share_gb, job_memory_gb, task_memory_budget_gb
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda gpu: types.SimpleNamespace(total_memory=141 * 2**30))
+    budget = task_memory_budget_gb([0])
+    for workers in (1, 2, 4, 8, 16, 64):
+        most = job_memory_gb([0], workers)
+        assert most >= 4 * budget * (1 - 1e-9), (workers, most, budget)
+        assert most == max(gpu_share_gb([0], workers), gpu_share_gb([0], 4)), workers
+    assert job_memory_gb([0, 1], 32) == job_memory_gb([0], 16)  # per GPU, as the units are
+
+
 def test_tasks_handed_to_validate_may_use_the_added_librarys_ops_and_nothing_else(cache_dir):
     from pipeline.run import added_library_ops
 
