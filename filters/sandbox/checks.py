@@ -242,8 +242,16 @@ class InTimingWindow(Check):
         while True:
             last = attempt == rounds
             t.metrics["resize_rounds"] = attempt
-            warm_up_calls(t.model, t.inputs, device, cfg["warmup_ms"], t.gate)  # a cold model reads slow
-            eager_ms, peak = self._measure(t, search, precise=False)
+            measured = self._quick_measure(t, search)
+            if measured is None:  # this size outgrew the most one job may hold: a bound, as in load_resized
+                level = None if last else search.out_of_memory(search.level)
+                if level is None:
+                    raise Reject("timing", "too_large", "no smaller size of the task fits in memory")
+                self._unload(t)
+                load_resized(t, search, level)
+                attempt += 1
+                continue
+            eager_ms, peak = measured
             factor = self._factor(eager_ms, peak, target, cap_bytes)
             ratio = cfg["target_ratio"]
             inside = self.decide(t.metrics, cfg) is None
@@ -284,6 +292,18 @@ class InTimingWindow(Check):
                 break
             attempt += 1
         self.stop_if_failed(t)
+
+    def _quick_measure(self, t: TaskUnderTest, search: SizeSearch) -> tuple[float, float | None] | None:
+        """A warm-up (a cold model reads slow) and a quick measure; None where they outgrew the
+        most one job may hold. Its calls keep more alive than one forward (on the H200, 4 of
+        512 jobs ran out there, at a size the search tried, and ran again alone for it)."""
+        try:
+            warm_up_calls(t.model, t.inputs, t.device, t.cfg["warmup_ms"], t.gate)
+            return self._measure(t, search, precise=False)
+        except Exception as error:
+            if not (ran_out_of_gpu_memory(error) and gpu_memory.at_the_most()):
+                raise
+        return None
 
     @staticmethod
     def _measure(t: TaskUnderTest, search: SizeSearch, precise: bool) -> tuple[float, float | None]:

@@ -200,6 +200,29 @@ def test_a_task_too_large_for_the_most_a_job_holds_is_shrunk_by_the_execute_chec
     assert gpu_memory_ran_out(never_fits, {"device": "cuda", "gpu_memory_gb": 2.0}, {})
 
 
+def test_a_size_whose_warm_up_outgrows_the_most_a_job_holds_bounds_the_timing_search(lock, monkeypatch):
+    """A size the task's first call fits in, whose warm-up calls then outgrow the most one job
+    may hold: the timing check takes it for a bound of its search and goes smaller, as it
+    does for a size that cannot load, rather than end the job for a run alone."""
+    monkeypatch.setattr(gpu_memory, "held", _job(lock, most_gib=2))
+    # out of memory where more than two tensors of over 4096 elements are alive as it starts:
+    # a first call's input and its copy fit; a warm-up call's copy beside them and the first output does not
+    alive = "sum(issubclass(type(o), torch.Tensor) and o.numel() > 4096 for o in gc.get_objects())"
+    code = make_task(f"if x.numel() > 4096 and {alive} > 2:\n"
+                     "    raise RuntimeError('CUDA out of memory. Tried to allocate 8.00 GiB')\n"
+                     "return torch.tanh(x) * 2.0", header="import gc")
+    config = {"timing_lock": lock, "compile": False, "window_ms": [1e-6, 1e6]}
+    verdict = evaluate(code, config)
+    assert verdict["passed"], verdict
+    assert verdict["metrics"]["resized"] is True and verdict["metrics"]["resize_rounds"] >= 1
+    assert as_stored(code, verdict["metrics"]) == verdict["code"] != code
+
+    monkeypatch.setattr(gpu_memory, "held", None)  # uncounted: no size signal, the worker runs it alone
+    uncounted = evaluate(code, config)
+    assert (uncounted["stage"], uncounted["reason"], uncounted["metrics"]["error_in"]) == ("execute", "out_of_memory",
+                                                                                           "timing")
+
+
 def test_where_no_memory_is_counted_an_out_of_memory_is_never_a_size_signal(lock, monkeypatch):
     """A worker that counts no memory cannot tell the task's size from a crowded GPU: the
     execute check leaves the size as written, and the worker runs the job again alone."""
