@@ -77,11 +77,11 @@ BUDGET_WORKERS_PER_GPU = 8  # the task memory budget is half the share 8 workers
 def task_memory_budget_gb(gpus: list[int]) -> float:
     """GPU memory the resize search gives one task's forward: half the share of 8 workers a
     GPU, whatever the number of workers, so the same candidate gets the same verdict. The
-    later checks hold two more outputs and a second model, about 1.7 times a memory-bound
-    chain's forward peak, which a half leaves room for. A third (5.3 GB on the H200) held
-    memory-bound chains under 1 ms: 5 GB of traffic is about 1 ms at 4.8 TB/s. A job that
-    still runs out of the most one job may hold runs again alone (filters/sandbox/worker.py:
-    retried_alone)."""
+    later checks hold more (the float64 probe up to about 3.7 times a memory-bound chain's
+    forward peak): a job may hold four budgets (`job_memory_gb`). A third (5.3 GB on the
+    H200) held memory-bound chains under 1 ms: 5 GB of traffic is about 1 ms at 4.8 TB/s. A
+    job that still runs out of the most one job may hold runs again alone
+    (filters/sandbox/worker.py: retried_alone)."""
     return gpu_share_gb(gpus, BUDGET_WORKERS_PER_GPU * len(gpus)) / 2
 
 
