@@ -246,7 +246,8 @@ class InTimingWindow(Check):
             if measured is None:  # this size outgrew the most one job may hold: a bound, as in load_resized
                 level = None if last else search.out_of_memory(search.level)
                 if level is None:
-                    raise Reject("timing", "too_large", "no smaller size of the task fits in memory")
+                    raise Reject("timing", "too_large", "the size of its last resize round outgrew the most one job "
+                                 "may hold" if last else "no smaller size of the task fits in memory")
                 self._unload(t)
                 load_resized(t, search, level)
                 attempt += 1
