@@ -71,6 +71,9 @@ class GpuGate:
         self.longest_s, self.longest_step = 0.0, ""  # the longest single hold: what every timer waited behind
         self.long_holds, self.long_held_s = 0, 0.0  # shared holds of LONG_HOLD_S or more: what timers drain
         self.reopened = 0  # times this job's timer closed the gate, found a long step under way and opened it again
+        self.closures, self.closed_s = 0, 0.0  # times its timers closed the gate, and how long it stayed closed:
+        # every other worker's step that came meanwhile waited, which its own wait does not show
+        self.steps = 0  # shared holds
 
     @contextlib.contextmanager
     def shared(self, step: str = "a step"):
@@ -87,6 +90,7 @@ class GpuGate:
             fcntl.flock(gpu, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
             entered = self._entered(began)
+            self.steps += 1
             try:
                 yield
                 if torch.cuda.is_initialized():  # the step's kernels finish before a timer may enter
@@ -156,27 +160,30 @@ class GpuGate:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
-                if closed:
+                if closed is not None:
                     fcntl.flock(gate, fcntl.LOCK_UN)
+                    self.closed_s += time.perf_counter() - closed
                 self.alone_s += self._held(entered, step)
 
-    def _alone(self, gate, gpu, began: float) -> bool:
+    def _alone(self, gate, gpu, began: float) -> float | None:
         """Hold the GPU lock alone: in a gap between steps, else by closing the gate for the
         steps under way to end. A step still under way after DRAIN_S is a long one: the gate
         opens again, and the other workers work beside it while this timer waits it out,
         until it has waited TIMER_PATIENCE_S (then it keeps the gate closed: never starved).
-        Whether the gate was closed (to open when done)."""
+        When the gate was closed (to open when done), None if it was not."""
         while True:
             if _in_a_gap(gpu, POLITE_S):
-                return False
+                return None
             fcntl.flock(gate, fcntl.LOCK_EX)
-            patient = time.perf_counter() - began < TIMER_PATIENCE_S
-            if not patient:
+            closed = time.perf_counter()
+            self.closures += 1
+            if closed - began >= TIMER_PATIENCE_S:
                 fcntl.flock(gpu, fcntl.LOCK_EX)
-                return True
+                return closed
             if _in_a_gap(gpu, DRAIN_S):
-                return True
+                return closed
             fcntl.flock(gate, fcntl.LOCK_UN)
+            self.closed_s += time.perf_counter() - closed
             self.reopened += 1
 
     def _entered(self, began: float) -> float:
@@ -205,7 +212,8 @@ class GpuGate:
                 "gate_shared_ms": self.shared_s * 1e3, "gate_longest_ms": self.longest_s * 1e3,
                 "gate_longest_step": self.longest_step[:200], "gate_timer_wait_ms": self.timer_waited_s * 1e3,
                 "gate_long_holds": self.long_holds, "gate_long_held_ms": self.long_held_s * 1e3,
-                "gate_reopened": self.reopened}
+                "gate_reopened": self.reopened, "gate_closures": self.closures,
+                "gate_closed_ms": self.closed_s * 1e3, "gate_steps": self.steps}
 
 
 # A timer first looks this long for a gap between other workers' steps, stopping none of

@@ -101,7 +101,8 @@ def test_the_benchmark_rates_and_splits_add_up():
         name, device, workers, tree = "t", "cuda", 8, None
 
     records = [_record("a", 0, t_compile_ms=3000.0, t_execute_ms=500.0, wall_ms=4000.0, gpu_alone_ms=100.0,
-                       gate_wait_ms=200.0, gate_longest_ms=80.0, gate_longest_step="forward", gate_timer_wait_ms=300.0),
+                       gate_wait_ms=200.0, gate_longest_ms=80.0, gate_longest_step="forward", gate_timer_wait_ms=300.0,
+                       gate_closed_ms=300.0, gate_closures=2, gate_steps=10),
                _record("b", 1, "nan_or_inf", 1000.0, t_execute_ms=900.0, retried_alone=True, gate_long_holds=2,
                        first_failure="execute/out_of_memory", first_error_in="numerics", first_job_wall_ms=3000.0, gate_timer_wait_ms=400.0,
                        gate_long_held_ms=2500.0, gate_longest_ms=1500.0, gate_longest_step="Numerics.float64_share")]
@@ -111,6 +112,7 @@ def test_the_benchmark_rates_and_splits_add_up():
     assert s["worker_s_outside_checks"] == 0.6  # 5 s of jobs, 4.4 s of checks
     assert s["gate_s"]["longest_hold_step"] == "Numerics.float64_share" and s["gate_s"]["waiting"] == 0.2
     assert s["gate_s"]["timers_waiting"] == 0.7
+    assert (s["gate_s"]["closed"], s["gate_s"]["closures"], s["gate_s"]["shared_steps"]) == (0.3, 2, 10)
     assert s["gate_s"]["long_holds"] == {"holds": 2, "held_s": 2.5, "longest_steps": {"float64_share": 1}}
     assert s["retried_alone"] == {"jobs": 1, "accepted": 0, "first_failures": {"execute/out_of_memory in numerics": 1},
                                   "worker_s": 4.0, "rerun_waiting_s": 0.4}
@@ -251,9 +253,12 @@ def test_a_timer_behind_a_long_step_opens_the_gate_again_and_waits_it_out_alone(
         holder.join()
         measuring.join(5)
         assert timed.is_set() and timer.waited_s >= long_step - 0.1  # it waited the long step out
+        gate = timer.metrics()
+        assert gate["gate_closures"] == gate["gate_reopened"] + 1  # the last closure is the one it measured in
         if patience:
             assert len(waits) > 10 and max(waits) < 0.2, waits  # the others' steps went on meanwhile
-            assert timer.metrics()["gate_reopened"] >= 3
+            assert gate["gate_reopened"] >= 3
+            assert gate["gate_closed_ms"] >= gate["gate_reopened"] * 50  # each closure waited DRAIN_S, then opened
         else:
             assert max(waits) >= long_step - 0.2, waits  # closed behind the long step, as before
-            assert timer.metrics()["gate_reopened"] == 0
+            assert gate["gate_reopened"] == 0 and gate["gate_closed_ms"] >= (long_step - 0.2) * 1e3
