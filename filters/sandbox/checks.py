@@ -360,6 +360,8 @@ class SizeSearch:
         self.batch_only = False
         self.level, self.too_fast_at, self.too_slow_at = 0, -math.inf, math.inf
         self.first_factor: float | None = None
+        self.first_sizes = self.constants  # where the first measure was taken (the execute check may have shrunk it)
+        self.ran_out_at = math.inf  # the smallest level that ran out of memory
 
     def next_level(self, factor: float, aimed: bool, precise: bool = False) -> int | None:
         """The level to try after measuring this one `factor` away from the target; None when
@@ -367,7 +369,7 @@ class SizeSearch:
         a bound that quick ones set on the other side of this level (a quick measure, taken
         while other workers share the device, can read many times slower)."""
         if self.first_factor is None:
-            self.first_factor = factor
+            self.first_factor, self.first_sizes = factor, self.sizes(self.level)
         if aimed:
             return None
         if precise and factor > 1 and self.too_slow_at <= self.level:
@@ -381,14 +383,17 @@ class SizeSearch:
         return nearest_from(self.constants, self.level, factor, self.too_fast_at, self.too_slow_at, self.batch_only)
 
     def out_of_memory(self, level: int) -> int | None:
-        self.too_slow_at = min(self.too_slow_at, level)
+        self.too_slow_at, self.ran_out_at = min(self.too_slow_at, level), min(self.ran_out_at, level)
         return nearest_from(self.constants, self.level, 0.25, self.too_fast_at, self.too_slow_at, self.batch_only)
 
     def by_batch_alone(self) -> int | None:
-        """Start again from the task as written, re-sizing only its batch."""
+        """Start again from the task as written, re-sizing only its batch, aimed where the
+        first measure said, carried to the size as written (the execute check may have taken
+        it at a smaller size), and only below the size as written once that ran out of memory."""
+        factor = self.first_factor * work_ratio(self.constants, self.first_sizes) if self.first_factor else 1.0
         self.batch_only, self.level = True, 0
-        factor = self.first_factor or 1.0
-        self.too_fast_at, self.too_slow_at = (0, math.inf) if factor > 1 else (-math.inf, 0)
+        grows = factor > 1 and self.ran_out_at > 0
+        self.too_fast_at, self.too_slow_at = (0, math.inf) if grows else (-math.inf, 0)
         return nearest_from(self.constants, 0, factor, self.too_fast_at, self.too_slow_at, True)
 
     def sizes(self, level: int) -> dict[str, int]:

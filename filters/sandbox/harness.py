@@ -48,6 +48,8 @@ def evaluate(code: str, config: dict) -> dict:
             with timed(t.metrics, running.stage):
                 running.run(t)
     except Reject as reject:
+        if running and reject.stage != running.stage:  # the task at a size the timing check tried, say
+            t.metrics["error_in"] = running.stage
         return _result(t, False, reject.stage, reject.reason, reject.detail, code)
     except (Exception, GpuMemoryBusy) as error:
         # A later stage of the task's own code failed, or other jobs held the GPU memory it

@@ -86,6 +86,9 @@ def test_an_error_escaping_a_later_check_is_the_execute_stages_and_names_the_che
     assert (verdict["stage"], verdict["reason"]) == ("execute", "eager_error")
     assert verdict["metrics"]["error_in"] == "timing" and "only once" in verdict["detail"]
     assert "error_in" not in harness.evaluate(make_task("return x * 2.0"), FAST)["metrics"]
+    at_other_sizes = make_task("if x.shape[0] != 64:\n    raise RuntimeError('only a batch of 64')\nreturn x * 2.0")
+    verdict = harness.evaluate(at_other_sizes, {**FAST, "window_ms": [1e-6, 1e-5]})  # too slow: re-sized
+    assert (verdict["stage"], verdict["reason"], verdict["metrics"]["error_in"]) == ("execute", "eager_error", "timing")
 
 
 def test_a_sound_task_passes_with_every_measurement_kept(results):
@@ -147,6 +150,26 @@ def test_resize_search_never_repeats_a_level_known_to_miss_and_falls_back_to_the
     assert search.changes_widths(up)
     alone = search.by_batch_alone()
     assert search.batch_only and alone > 0 and not search.changes_widths(alone)
+
+
+def test_the_batch_alone_search_after_a_shrink_aims_from_the_size_as_written_and_stays_below_it():
+    """The execute check shrank the task (the size as written ran out of the most one job
+    may hold) and the first measure, at a quarter of the work, said 3x too fast: the batch
+    alone is searched below the size as written, at about 3/4 of its work (a red team's run
+    aimed above it, at sizes that had all run out, and ended `too_large`)."""
+    code = make_task("return x * 2.0", constants="batch_size = 64\nfeatures = 256")
+    search = SizeSearch(code)
+    search.level = search.out_of_memory(0)
+    shrunk = search.sizes(search.level)
+    search.next_level(3.0, aimed=False)
+    alone = search.by_batch_alone()
+    assert search.too_slow_at == 0 and alone < 0
+    assert search.sizes(alone)["features"] == 256 and search.sizes(alone)["batch_size"] < 64
+    assert shrunk["batch_size"] * shrunk["features"] < 64 * 256 <= 4 * shrunk["batch_size"] * shrunk["features"]
+
+    grown = SizeSearch(code)  # no shrink: a first measure 3x too fast at the size as written aims above it
+    grown.next_level(3.0, aimed=False)
+    assert grown.by_batch_alone() > 0 and grown.too_fast_at == 0
 
 
 def test_gpu_gate_lets_readers_share_and_a_timer_wait_for_them(tmp_path):
