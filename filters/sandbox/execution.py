@@ -136,9 +136,10 @@ class GpuGate:
         finally:
             self._report_wait()
 
-    def _report_wait(self) -> None:
-        """The job's time waiting on other workers: at the gate, and for GPU memory they held."""
-        report_gate_wait(self.waited_s + (gpu_memory.held.waited_now_s if gpu_memory.held else 0.0))
+    def _report_wait(self, under_way_s: float = 0.0) -> None:
+        """The job's time waiting on other workers: at the gate (`under_way_s` of it not yet
+        counted), and for GPU memory they held."""
+        report_gate_wait(self.waited_s + under_way_s + (gpu_memory.held.waited_now_s if gpu_memory.held else 0.0))
 
     @contextlib.contextmanager
     def exclusive(self, step: str = "timing"):
@@ -170,17 +171,20 @@ class GpuGate:
         steps under way to end. A step still under way after DRAIN_S is a long one: the gate
         opens again, and the other workers work beside it while this timer waits it out,
         until it has waited TIMER_PATIENCE_S (then it keeps the gate closed: never starved).
-        When the gate was closed (to open when done), None if it was not."""
+        When the gate was closed (to open when done), None if it was not. The wait is reported
+        as it goes: it can last TIMER_PATIENCE_S and a step, and the zygote extends the job's
+        time limit only by the wait it has been told of."""
+        report = lambda: self._report_wait(time.perf_counter() - began)  # noqa: E731
         while True:
-            if _in_a_gap(gpu, POLITE_S):
+            if _taken(gpu, POLITE_S, report):
                 return None
-            fcntl.flock(gate, fcntl.LOCK_EX)
+            _taken(gate, math.inf, report)
             closed = time.perf_counter()
             self.closures += 1
             if closed - began >= TIMER_PATIENCE_S:
-                fcntl.flock(gpu, fcntl.LOCK_EX)
+                _taken(gpu, math.inf, report)
                 return closed
-            if _in_a_gap(gpu, DRAIN_S):
+            if _taken(gpu, DRAIN_S, report):
                 return closed
             fcntl.flock(gate, fcntl.LOCK_UN)
             self.closed_s += time.perf_counter() - closed
@@ -229,16 +233,18 @@ LONG_HOLD_S = 1.0  # a shared hold this long is counted apart
 DRAIN_S, TIMER_PATIENCE_S = 0.2, 30.0
 
 
-def _in_a_gap(gpu, within_s: float) -> bool:
-    """Whether the GPU lock was taken alone, without waiting on it, within `within_s`."""
+def _taken(lock, within_s: float, report) -> bool:
+    """Whether `lock` was taken alone, in a moment no one else held it, within `within_s`;
+    `report()` is called between tries."""
     deadline = time.perf_counter() + within_s
     while True:
         try:
-            fcntl.flock(gpu, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             if time.perf_counter() >= deadline:
                 return False
+            report()
             time.sleep(GAP_POLL_S)
 
 

@@ -262,3 +262,28 @@ def test_a_timer_behind_a_long_step_opens_the_gate_again_and_waits_it_out_alone(
         else:
             assert max(waits) >= long_step - 0.2, waits  # closed behind the long step, as before
             assert gate["gate_reopened"] == 0 and gate["gate_closed_ms"] >= (long_step - 0.2) * 1e3
+
+
+def test_a_timer_reports_its_wait_as_it_goes_not_only_once_it_holds_the_gpu(tmp_path, monkeypatch):
+    """The zygote extends a job's time limit by the wait it has been told of: a timer behind
+    a long step (it can wait TIMER_PATIENCE_S and a step) reports while it waits, so a job
+    near its limit is not killed for other workers' steps (a red team's timer waited 4.8 s
+    before its first report)."""
+    from filters.sandbox import execution
+    monkeypatch.setattr(execution, "POLITE_S", 0.05)
+    monkeypatch.setattr(execution, "DRAIN_S", 0.05)
+    path = str(tmp_path / "gpu0.lock")
+    entered = threading.Event()
+    holder = threading.Thread(target=_hold, args=(GpuGate(path), 1.0, entered))
+    holder.start()
+    entered.wait(5)
+    reports = []
+    monkeypatch.setattr(execution, "report_gate_wait", lambda waited: reports.append((time.perf_counter(), waited)))
+    timer, began = GpuGate(path), time.perf_counter()
+    with timer.exclusive():
+        inside = time.perf_counter()
+    holder.join()
+    waiting = [(at - began, waited) for at, waited in reports if at < inside - 0.2]  # well before it got in
+    assert inside - began >= 0.8 and timer.reopened >= 3
+    assert any(waited >= 0.5 for at, waited in waiting), waiting[-3:]  # told of while it waited
+    assert all(waited <= at + 0.01 for at, waited in waiting)  # never more than it has waited
