@@ -86,7 +86,8 @@ class GpuGate:
             return
         with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
-            fcntl.flock(gate, fcntl.LOCK_SH)  # waits while a timer holds the gate
+            report = lambda: self._report_wait(time.perf_counter() - began)  # noqa: E731
+            _taken(gate, math.inf, report, fcntl.LOCK_SH)  # waits while a timer holds the gate, saying so
             fcntl.flock(gpu, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
             entered = self._entered(began)
@@ -233,13 +234,13 @@ LONG_HOLD_S = 1.0  # a shared hold this long is counted apart
 DRAIN_S, TIMER_PATIENCE_S = 0.2, 30.0
 
 
-def _taken(lock, within_s: float, report) -> bool:
-    """Whether `lock` was taken alone, in a moment no one else held it, within `within_s`;
-    `report()` is called between tries."""
+def _taken(lock, within_s: float, report, kind: int = fcntl.LOCK_EX) -> bool:
+    """Whether `lock` was taken (alone, or shared: `kind`) within `within_s`; `report()` is
+    called between tries, so a wait the zygote must add to the job's limit is told as it goes."""
     deadline = time.perf_counter() + within_s
     while True:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, kind | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             if time.perf_counter() >= deadline:

@@ -287,3 +287,35 @@ def test_a_timer_reports_its_wait_as_it_goes_not_only_once_it_holds_the_gpu(tmp_
     assert inside - began >= 0.8 and timer.reopened >= 3
     assert any(waited >= 0.5 for at, waited in waiting), waiting[-3:]  # told of while it waited
     assert all(waited <= at + 0.01 for at, waited in waiting)  # never more than it has waited
+
+
+def test_a_step_behind_a_closed_gate_reports_its_wait_as_it_goes(tmp_path, monkeypatch):
+    """A timer out of patience keeps the gate closed behind a long step: a step that comes
+    meanwhile waits with it, and says so while it waits."""
+    from filters.sandbox import execution
+    monkeypatch.setattr(execution, "POLITE_S", 0.01)
+    monkeypatch.setattr(execution, "TIMER_PATIENCE_S", 0.0)
+    path = str(tmp_path / "gpu0.lock")
+    entered, timed = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold, args=(GpuGate(path), 1.0, entered))
+    holder.start()
+    entered.wait(5)
+    other = GpuGate(path)
+    other._report_wait = lambda *waited: None  # another worker's: its reports go to its own zygote
+    timer = threading.Thread(target=_timed, args=(other, timed))
+    timer.start()
+    time.sleep(0.1)  # the timer has closed the gate
+    reports = []
+    monkeypatch.setattr(execution, "report_gate_wait", lambda waited: reports.append((time.perf_counter(), waited)))
+    step, began = GpuGate(path), time.perf_counter()
+    with step.shared("short"):
+        inside = time.perf_counter()
+    holder.join()
+    timer.join(5)
+    assert timed.is_set() and inside - began >= 0.6
+    assert any(waited >= 0.4 and at < inside - 0.2 for at, waited in reports), reports[-3:]
+
+
+def _timed(gate: GpuGate, done: threading.Event) -> None:
+    with gate.exclusive():
+        done.set()
