@@ -244,12 +244,11 @@ class InTimingWindow(Check):
             t.metrics["resize_rounds"] = attempt
             measured = self._quick_measure(t, search)
             if measured is None:  # this size outgrew the most one job may hold: a bound, as in load_resized
-                level = None if last else search.out_of_memory(search.level)
-                if level is None:
+                if last:
                     raise Reject("timing", "too_large", "the size of its last resize round outgrew the most one job "
-                                 "may hold" if last else "no smaller size of the task fits in memory")
+                                 "may hold")
                 self._unload(t)
-                load_resized(t, search, level)
+                load_resized(t, search, search.out_of_memory(search.level))  # too_large where no smaller size is left
                 attempt += 1
                 continue
             eager_ms, peak = measured
