@@ -314,7 +314,7 @@ class InTimingWindow(Check):
             with t.gate.exclusive("precise timing"):
                 eager_ms, peak = measure(t.model, t.inputs, t.cfg, t.device, precise=True)
         else:
-            eager_ms, peak = t.gate.call(measure, t.model, t.inputs, t.cfg, t.device, False)
+            eager_ms, peak = measure(t.model, t.inputs, t.cfg, t.device, False, t.gate)
         t.metrics.update(eager_ms=eager_ms, peak_memory_mb=peak / 2**20 if peak is not None else None,
                          resized=t.code != search.original)
         return eager_ms, peak

@@ -427,23 +427,30 @@ def release(device) -> None:
         torch.cuda.empty_cache()
 
 
-def measure(model, inputs, cfg, device, precise: bool = True) -> tuple[float, int | None]:
+def measure(model, inputs, cfg, device, precise: bool = True, gate: GpuGate | None = None) -> tuple[float, int | None]:
     """Median eager forward time in ms, and peak device memory in bytes. A quick measurement
     (for the resize search) warms up with three calls and takes three samples. A precise one
     expects a model already warmed up and takes `timing_budget_ms` of samples, within
-    `min_repeats`..`max_repeats`. The caller decides whether it owns the GPU (GpuGate)."""
+    `min_repeats`..`max_repeats`. The caller decides whether it owns the GPU: inside
+    GpuGate.exclusive, no `gate`; with a `gate` (the GPU shared), each call is a step of its
+    own, so a timer that closes the gate drains one call, not seven (on the H200 a quick
+    measure held as one step was the longest hold of 36 jobs in 512, up to 1.5 s)."""
+    def timed_call() -> float:
+        return gate.call(_time_once, model, inputs, device) if gate else _time_once(model, inputs, device)
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    first = _time_once(model, inputs, device)
+    first = timed_call()
     if first > cfg["window_ms"][1] * 5:
         return first, _peak(device)
     if precise:
         repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
     else:
-        warm_up_calls(model, inputs, device, 0.0)
+        for _ in range(3):  # warm-up calls
+            timed_call()
         repeats = 3
-    times = [_time_once(model, inputs, device) for _ in range(repeats)]
+    times = [timed_call() for _ in range(repeats)]
     return statistics.median(times), _peak(device)
 
 

@@ -361,3 +361,21 @@ def test_timers_that_come_before_one_window_close_the_gate_once_and_measure_in_t
     assert keeper.metrics()["gate_handed_over"] == (1 if measured[0][1] is keeper else 0)
     assert stepped > measured[1][0] + 0.04  # the step came in once both had measured
     assert 0.1 <= step.waited_s < 0.4  # the rest of the long step, and both measures
+
+
+def test_a_quick_measure_holds_the_gate_one_call_at_a_time(tmp_path):
+    """A quick measure (the resize search's, the GPU shared) makes seven calls: each is a
+    step of its own, so a timer that closes the gate behind it drains one call, not seven."""
+    import torch
+
+    from filters.sandbox.execution import measure
+
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            time.sleep(0.03)
+            return x + 1
+
+    gate = GpuGate(str(tmp_path / "gpu0.lock"))
+    eager_ms, _ = measure(Slow(), [torch.ones(2)], {"window_ms": (1.0, 100.0)}, torch.device("cpu"), False, gate)
+    assert eager_ms >= 30 and gate.steps == 7  # the first call, three to warm up, three samples
+    assert 0.03 <= gate.longest_s < 0.1  # one call at the most, not the 0.21 s of all seven
