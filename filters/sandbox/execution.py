@@ -192,27 +192,11 @@ class GpuGate:
                 continue
             closed = time.perf_counter()
             self.closures += 1
-            if self._drained(gpu, report):
+            if _taken(gpu, DRAIN_S, report):
                 return closed
             fcntl.flock(gate, fcntl.LOCK_UN)
             self.closed_s += time.perf_counter() - closed
             self.reopened += 1
-
-    @staticmethod
-    def _drained(gpu, report) -> bool:
-        """Whether this timer, which closed the gate, took the GPU alone within DRAIN_S of
-        closing it, counted again after each other timer's measure: a timer that waits for
-        this window too can take the GPU first as the last step ends, and its measure in
-        this closure is no long step to reopen the gate for (on the H200, with no such
-        allowance, 172 of 256 closures opened again and timers waited 2.4 times longer)."""
-        while not _taken(gpu, DRAIN_S, report):
-            try:
-                fcntl.flock(gpu, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken: no timer holds it, steps do
-            except BlockingIOError:
-                continue
-            fcntl.flock(gpu, fcntl.LOCK_UN)
-            return False
-        return True
 
     def _closed_now(self, gate, gpu, began: float) -> float:
         """Close the gate now and wait for every step under way: the time it closed."""

@@ -379,28 +379,3 @@ def test_a_quick_measure_holds_the_gate_one_call_at_a_time(tmp_path):
     eager_ms, _ = measure(Slow(), [torch.ones(2)], {"window_ms": (1.0, 100.0)}, torch.device("cpu"), False, gate)
     assert eager_ms >= 30 and gate.steps == 7  # the first call, three to warm up, three samples
     assert 0.03 <= gate.longest_s < 0.1  # one call at the most, not the 0.21 s of all seven
-
-
-def test_a_timer_that_closed_the_gate_waits_out_another_timers_measure_without_opening_it(tmp_path, monkeypatch):
-    """Another timer that waits for the same window can take the GPU first as the last step
-    ends: the one that closed the gate waits its measure out, as the same closure, where a
-    step under way past DRAIN_S would open the gate again."""
-    from filters.sandbox import execution
-    monkeypatch.setattr(execution, "WINDOW_S", 1e9)
-    monkeypatch.setattr(execution, "DRAIN_S", 0.05)
-    path = str(tmp_path / "gpu0.lock")
-    entered, first = threading.Event(), GpuGate(path)
-
-    def measure_long():
-        with first.exclusive():  # in a gap: no step holds the GPU
-            entered.set()
-            time.sleep(0.5)
-    other = threading.Thread(target=measure_long)
-    other.start()
-    entered.wait(5)
-    monkeypatch.setattr(execution, "WINDOW_S", 0.01)  # a window opens at once for the next timer
-    keeper = GpuGate(path)
-    with keeper.exclusive():
-        pass
-    other.join()
-    assert keeper.closures == 1 and keeper.reopened == 0 and keeper.waited_s >= 0.4
