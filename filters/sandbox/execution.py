@@ -47,15 +47,12 @@ class Reject(Exception):
 class GpuGate:
     """A reader-writer lock over one GPU shared by several workers, with writer priority.
 
-    Timing is the writer: it takes the GPU in a gap between the other workers' steps, and
-    where none comes before the next window opens (every WINDOW_S, on the wall clock every
-    worker reads), it closes the gate (no new GPU work may start), waits for the GPU work
-    under way to finish; then it measures alone. The timers that came meanwhile close it
-    together: one keeps the gate, and hands the GPU on to each of the others before it opens
-    the gate, so the other workers wait out one drain for all of them. Every other stretch of
-    GPU work is a reader, held for one step (a build, a forward, a comparison), not a whole
-    check. A timer that closed the gate behind a long step opens it again after DRAIN_S, so
-    that only the timer, not every worker, waits that step out.
+    Timing is the writer: it takes the GPU in a gap between the other workers' steps when
+    one comes soon (POLITE_S), else it closes the gate (no new GPU work may start), waits for
+    the GPU work under way to finish; then it measures alone. Every other stretch of GPU work
+    is a reader, held for one step (a build, a forward, a comparison), not a whole check. A
+    timer that closed the gate behind a long step opens it again after DRAIN_S, so that only
+    the timer, not every worker, waits that step out.
     Both are flock(2) locks on files beside each other, so they hold across processes and
     are released by the OS if a worker dies. Without a path (CPU) both are no-ops.
     A step that holds the gate past `step_limit_s` ends its process (SIGALRM's default
@@ -74,7 +71,6 @@ class GpuGate:
         self.longest_s, self.longest_step = 0.0, ""  # the longest single hold: what every timer waited behind
         self.long_holds, self.long_held_s = 0, 0.0  # shared holds of LONG_HOLD_S or more: what timers drain
         self.reopened = 0  # times this job's timer closed the gate, found a long step under way and opened it again
-        self.handed_over = 0  # other timers that measured in a closure of this job's
         self.closures, self.closed_s = 0, 0.0  # times its timers closed the gate, and how long it stayed closed:
         # every other worker's step that came meanwhile waited, which its own wait does not show
         self.steps = 0  # shared holds
@@ -85,7 +81,7 @@ class GpuGate:
             yield
             return
         if self.alone and gpu_memory.held is None:  # an uncounted job run alone: no step of another's beside it
-            with self.exclusive(step, at_once=True):
+            with self.exclusive(step):
                 yield
             return
         with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
@@ -147,16 +143,15 @@ class GpuGate:
         report_gate_wait(self.waited_s + under_way_s + (gpu_memory.held.waited_now_s if gpu_memory.held else 0.0))
 
     @contextlib.contextmanager
-    def exclusive(self, step: str = "timing", at_once: bool = False):
-        """The GPU alone: taken in a gap between other workers' steps if one comes before the
-        next window, else by closing the gate and waiting for the steps under way (`at_once`:
-        closing it now, for a job run alone, each of whose steps is exclusive)."""
+    def exclusive(self, step: str = "timing"):
+        """The GPU alone: taken in a gap between other workers' steps if one comes within
+        POLITE_S, else by closing the gate and waiting for the steps under way."""
         if not self.path:
             yield
             return
         with _lock_file(self.path + ".gate") as gate, _lock_file(self.path) as gpu:
             began = time.perf_counter()
-            closed = self._closed_now(gate, gpu, began) if at_once else self._alone(gate, gpu, began)
+            closed = self._alone(gate, gpu, began)
             entered = self._entered(began)
             self.timer_waited_s += entered - began
             try:
@@ -167,63 +162,34 @@ class GpuGate:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 fcntl.flock(gpu, fcntl.LOCK_UN)
-                self.alone_s += self._held(entered, step)
                 if closed is not None:
-                    self._hand_over(gpu)
                     fcntl.flock(gate, fcntl.LOCK_UN)
                     self.closed_s += time.perf_counter() - closed
+                self.alone_s += self._held(entered, step)
 
     def _alone(self, gate, gpu, began: float) -> float | None:
-        """Hold the GPU lock alone: in a gap between steps, or in the closure another timer
-        keeps; else, when a window opens, by closing the gate for the steps under way to end.
-        A step still under way after DRAIN_S is a long one: the gate opens again, and the
-        other workers work beside it while this timer waits it out, until it has waited
-        TIMER_PATIENCE_S (then it closes the gate and keeps it closed: never starved).
-        When this timer closed the gate (to open when done), None if it did not. The wait is
-        reported as it goes: it can last TIMER_PATIENCE_S and a step, and the zygote extends
-        the job's time limit only by the wait it has been told of."""
+        """Hold the GPU lock alone: in a gap between steps, else by closing the gate for the
+        steps under way to end. A step still under way after DRAIN_S is a long one: the gate
+        opens again, and the other workers work beside it while this timer waits it out,
+        until it has waited TIMER_PATIENCE_S (then it keeps the gate closed: never starved).
+        When the gate was closed (to open when done), None if it was not. The wait is reported
+        as it goes: it can last TIMER_PATIENCE_S and a step, and the zygote extends the job's
+        time limit only by the wait it has been told of."""
         report = lambda: self._report_wait(time.perf_counter() - began)  # noqa: E731
         while True:
-            if time.perf_counter() - began >= TIMER_PATIENCE_S:
-                return self._closed_now(gate, gpu, began)
-            if _taken(gpu, _until_window(), report):
+            if _taken(gpu, POLITE_S, report):
                 return None
-            if not _taken(gate, 0.0, report):  # another timer keeps this window: it hands the GPU on
-                continue
+            _taken(gate, math.inf, report)
             closed = time.perf_counter()
             self.closures += 1
+            if closed - began >= TIMER_PATIENCE_S:
+                _taken(gpu, math.inf, report)
+                return closed
             if _taken(gpu, DRAIN_S, report):
                 return closed
             fcntl.flock(gate, fcntl.LOCK_UN)
             self.closed_s += time.perf_counter() - closed
             self.reopened += 1
-
-    def _closed_now(self, gate, gpu, began: float) -> float:
-        """Close the gate now and wait for every step under way: the time it closed."""
-        report = lambda: self._report_wait(time.perf_counter() - began)  # noqa: E731
-        _taken(gate, math.inf, report)
-        closed = time.perf_counter()
-        self.closures += 1
-        _taken(gpu, math.inf, report)
-        return closed
-
-    def _hand_over(self, gpu) -> None:
-        """With the gate still closed, let each timer that waits for this window take the GPU
-        alone in turn, until none takes it within a few of their polls (or HAND_OVER_S)."""
-        began = time.perf_counter()
-        deadline = began + HAND_OVER_S
-        report = lambda: self._report_wait(time.perf_counter() - began)  # noqa: E731
-        while time.perf_counter() < deadline:
-            time.sleep(3 * GAP_POLL_S)  # every waiting timer has tried once
-            if _taken(gpu, 0.0, report):  # none did: no timer is left
-                fcntl.flock(gpu, fcntl.LOCK_UN)
-                break
-            if not _taken(gpu, deadline - time.perf_counter(), report):
-                break
-            fcntl.flock(gpu, fcntl.LOCK_UN)
-            self.handed_over += 1
-        self.waited_s += time.perf_counter() - began
-        self._report_wait()
 
     def _entered(self, began: float) -> float:
         """Count the wait, report it, and arm the step limit; the time the hold began."""
@@ -252,29 +218,20 @@ class GpuGate:
                 "gate_longest_step": self.longest_step[:200], "gate_timer_wait_ms": self.timer_waited_s * 1e3,
                 "gate_long_holds": self.long_holds, "gate_long_held_ms": self.long_held_s * 1e3,
                 "gate_reopened": self.reopened, "gate_closures": self.closures,
-                "gate_closed_ms": self.closed_s * 1e3, "gate_steps": self.steps, "gate_handed_over": self.handed_over}
+                "gate_closed_ms": self.closed_s * 1e3, "gate_steps": self.steps}
 
 
-# A timer first looks for a gap between other workers' steps until the next window opens
-# (every WINDOW_S of the wall clock), stopping none of them; only then does it close the
-# gate, so that it is never starved. Closing it at once stopped every worker behind whichever
-# step was under way when a timer came: on the H200, 8 workers waited 483 s at the gate for
-# 25 s of timing (200 candidates, one forward held 8.6 s). Closing it after a fixed 0.5 s,
-# each timer on its own, kept it closed about half the time at 16 workers (512 candidates:
-# other workers' steps waited 954 s, timers 742 s): in windows, the timers that came in one
-# close it once. A timer that closed the gate hands the GPU on for up to HAND_OVER_S.
-WINDOW_S, GAP_POLL_S, HAND_OVER_S = 1.0, 0.002, 0.5
+# A timer first looks this long for a gap between other workers' steps, stopping none of
+# them; only then does it close the gate, so that it is never starved. Closing it at once
+# stopped every worker behind whichever step was under way when a timer came: on the H200, 8
+# workers waited 483 s at the gate for 25 s of timing (200 candidates, one forward held 8.6 s).
+POLITE_S, GAP_POLL_S = 0.5, 0.002
 LONG_HOLD_S = 1.0  # a shared hold this long is counted apart
 # A closed gate waits this long for the steps under way, then opens again. On the H200 (16
 # workers, 512 candidates) 36 shared steps of 1 s or more (torch.special kernels compiled at
 # run time, float64 forwards, slow sizes' measures) held 110 s in all, up to 13 s each, and
 # every worker queued behind each one that a timer closed the gate on (1,400 s of waiting).
 DRAIN_S, TIMER_PATIENCE_S = 0.2, 30.0
-
-
-def _until_window() -> float:
-    """Seconds until the next window opens: the same instants for every worker of the host."""
-    return WINDOW_S - time.time() % WINDOW_S
 
 
 def _taken(lock, within_s: float, report, kind: int = fcntl.LOCK_EX) -> bool:

@@ -15,8 +15,7 @@ machine). From the command's own records it prints:
 - the GPU gate: seconds waited, held alone (timing), held shared, and the longest single
   hold with the step that held it (a long shared hold makes every timer, and so every
   worker, wait behind it); how long timers kept it closed, in how many closures (every
-  step that came meanwhile waited), how many timers measured in another's closure, and
-  how many shared steps there were;
+  step that came meanwhile waited), and how many shared steps there were;
 - the GPU busy share: NVML's utilisation sampled twice a second during the run, and the
   share of the wall the GPU was held alone;
 - the bounds: the accepted/h every core busy with the jobs' own work would give, and the
@@ -187,7 +186,6 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
                    "timers_waiting": round(sum(_num(m, "gate_timer_wait_ms") for m in metrics) / 1e3, 1),
                    "closed": round(sum(_num(m, "gate_closed_ms") for m in metrics) / 1e3, 1),
                    "closures": round(sum(_num(m, "gate_closures") for m in metrics)),
-                   "handed_over": round(sum(_num(m, "gate_handed_over") for m in metrics)),
                    "shared_steps": round(sum(_num(m, "gate_steps") for m in metrics)),
                    "long_holds": long_holds(metrics)},
         "gpu_busy_share": busy, "gpu_alone_share": round(alone_s / wall_s, 3),
@@ -295,8 +293,8 @@ def print_report(s: dict) -> None:
     print(f"GPU gate: waiting {gate['waiting']} s, alone {gate['alone']} s, shared {gate['shared']} s, "
           f"longest hold {gate['longest_hold_ms']} ms ({gate['longest_hold_step']}); "
           f"timers waited {gate['timers_waiting']} s; shared holds of 1 s or more {gate['long_holds']}")
-    print(f"gate closed {gate['closed']} s in {gate['closures']} closures (every step that came meanwhile waited), "
-          f"{gate['handed_over']} timers handed the GPU in another's; {gate['shared_steps']} shared steps")
+    print(f"gate closed {gate['closed']} s in {gate['closures']} closures (every step that came meanwhile waited); "
+          f"{gate['shared_steps']} shared steps")
     print(f"GPU busy share {s['gpu_busy_share']} (NVML), held alone {s['gpu_alone_share']} of the wall")
     b = s["bounds_accepted_per_hour"]
     print(f"bounds at this acceptance: {b.get('cores')} accepted/h with every core busy on the jobs' own work, "
