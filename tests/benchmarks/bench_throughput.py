@@ -264,7 +264,9 @@ def bounds(candidates: int, accepted: int, job_s: float, metrics: list[dict], al
 
 def wasted_work(records: list[dict]) -> dict:
     """Candidates that cost worker time for nothing: exact repeats of an earlier candidate
-    (the same task id, decided twice) and outputs holding NaN or Inf."""
+    (the same task id, decided twice) and outputs holding NaN or Inf; and what the timing
+    check (its size search, its timer's wait at the gate) cost candidates that a later
+    check rejected: the share of it a reordering of the checks could save."""
     seen, repeats, repeat_s = set(), 0, 0.0
     for record in sorted(records, key=lambda r: r["candidate"]["provenance"].get("index", 0)):
         ident = record["candidate"]["id"]
@@ -273,8 +275,15 @@ def wasted_work(records: list[dict]) -> dict:
             repeat_s += _num(record["verdict"].get("metrics") or {}, "job_wall_ms") / 1e3
         seen.add(ident)
     nan = [r["verdict"] for r in records if r["verdict"]["reason"] == "nan_or_inf"]
+    from filters.sandbox.checks import CHECK_STAGES  # this checkout's order: a --tree of the past had the same
+    after_timing = set(CHECK_STAGES[CHECK_STAGES.index("timing") + 1:])
+    late = [r["verdict"].get("metrics") or {} for r in records
+            if not r["verdict"]["passed"] and r["verdict"]["stage"] in after_timing]
     return {"repeats": repeats, "repeats_worker_s": round(repeat_s, 1), "nan_or_inf": len(nan),
-            "nan_or_inf_worker_s": round(sum(_num(v.get("metrics") or {}, "job_wall_ms") for v in nan) / 1e3, 1)}
+            "nan_or_inf_worker_s": round(sum(_num(v.get("metrics") or {}, "job_wall_ms") for v in nan) / 1e3, 1),
+            "rejected_after_timing": len(late),
+            "their_timing_worker_s": round(sum(_num(m, "t_timing_ms") for m in late) / 1e3, 1),
+            "their_timer_wait_s": round(sum(_num(m, "gate_timer_wait_ms") for m in late) / 1e3, 1)}
 
 
 def _num(metrics: dict, name: str) -> float:
@@ -302,7 +311,9 @@ def print_report(s: dict) -> None:
     w = s["wasted"]
     print(f"wasted: {w['repeats']} repeats ({w['repeats_worker_s']} worker-s), {w['nan_or_inf']} nan_or_inf "
           f"({w['nan_or_inf_worker_s']} worker-s); retried alone after a GPU memory failure: "
-          f"{s['retried_alone']['jobs']} ({s['retried_alone']['accepted']} then accepted)")
+          f"{s['retried_alone']['jobs']} ({s['retried_alone']['accepted']} then accepted); "
+          f"rejected after the timing check: {w['rejected_after_timing']} (timing {w['their_timing_worker_s']} "
+          f"worker-s, their timers waited {w['their_timer_wait_s']} s)")
     print("run alone:", json.dumps(s["retried_alone"]))
     print("GPU memory counted:", json.dumps(s["gpu_memory"]))
     print("accepted eager ms:", json.dumps(s["accepted_eager_ms"]), "re-sized share", s["accepted_resized_share"])

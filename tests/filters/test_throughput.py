@@ -92,8 +92,12 @@ def _record(ident: str, index: int, reason: str = "", wall_ms: float = 1000.0, *
 
 
 def test_the_benchmark_counts_repeats_and_nan_as_waste():
-    records = [_record("a", 0), _record("b", 1, "nan_or_inf", 500.0), _record("a", 2, wall_ms=2000.0)]
-    assert wasted_work(records) == {"repeats": 1, "repeats_worker_s": 2.0, "nan_or_inf": 1, "nan_or_inf_worker_s": 0.5}
+    records = [_record("a", 0), _record("b", 1, "nan_or_inf", 500.0, t_timing_ms=300.0, gate_timer_wait_ms=100.0),
+               _record("a", 2, wall_ms=2000.0), _record("c", 3, "too_fast", 700.0, t_timing_ms=700.0)]
+    records[3]["verdict"]["stage"] = "timing"  # rejected by the timing check itself: not after it
+    assert wasted_work(records) == {"repeats": 1, "repeats_worker_s": 2.0, "nan_or_inf": 1, "nan_or_inf_worker_s": 0.5,
+                                    "rejected_after_timing": 1, "their_timing_worker_s": 0.3,
+                                    "their_timer_wait_s": 0.1}
 
 
 def test_the_benchmark_rates_and_splits_add_up():
