@@ -8,7 +8,7 @@ import torch
 
 from filters.sandbox import harness
 from filters.sandbox.checks import DependsOnInput, Deterministic, NothingDead, SizeSearch, TaskUnderTest
-from filters.sandbox.execution import POLITE_S, GpuGate, build_model, forward, load_task
+from filters.sandbox.execution import POLITE_S, GpuGate, build_model, forward, load_task, measure
 
 from operators.sizes import in_ladders
 
@@ -497,3 +497,36 @@ def test_a_cpu_build_draws_the_values_torch_manual_seed_gave_it():
     torch.manual_seed(0)
     seed_for(torch.device("cpu"), 11)
     assert torch.equal(torch.randn(5), expected)
+
+
+def test_only_a_task_every_other_check_passed_is_timed_alone(tmp_path):
+    """The precise measure holds the GPU alone while every other worker waits: it is taken
+    last, so a task a later check rejects costs no one a wait (on the H200, 230 of 478)."""
+    gated = {**FAST, "timing_lock": str(tmp_path / "gpu0.lock")}
+    rejected = harness.evaluate(make_task("return x * 0.0 + 1.0"), gated)
+    accepted = harness.evaluate(make_task("return torch.tanh(x).cumsum(-1)"), gated)
+    assert rejected["reason"] == "constant_output" and rejected["metrics"]["eager_ms"] > 0  # the search measured it
+    assert rejected["metrics"]["gpu_alone_ms"] == 0.0 and rejected["metrics"]["gate_timer_wait_ms"] == 0.0
+    assert accepted["passed"], accepted
+    assert accepted["metrics"]["gpu_alone_ms"] > 0 and accepted["metrics"]["t_timing_ms"] > 0
+
+
+def test_where_the_precise_measure_moves_the_size_the_checks_between_run_again_there():
+    """A quick measure beside other workers can read slow: where the precise measure sends
+    the search on from the size the quick ones chose (out of the window, or far from the
+    target), every check between runs again at the size the row keeps."""
+    from filters.sandbox.checks import CHECKS, TimedAlone
+    code = make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 2048\nfeatures = 256")
+    t = TaskUnderTest(code, {**harness.DEFAULTS, **FAST}, torch.device("cpu"), GpuGate(None))
+    before_precise = [check for check in CHECKS if not isinstance(check, TimedAlone)][:-1]
+    for check in before_precise:
+        check.run(t)
+    assert t.search.chosen and t.code == code and t.metrics["determinism_max_diff"] == 0.0
+    t.metrics = {}  # what the checks between record, gone: they must run again
+    precise_ms, _ = measure(t.model, t.inputs, t.cfg, t.device)
+    # the precise measure finds the chosen size far from the target (as if the quick measures had read slow)
+    t.cfg = {**t.cfg, "target_ms": precise_ms * 4, "target_ratio": 1.5}
+    TimedAlone().run(t)
+    assert t.code != code and t.metrics["resized"] and t.metrics["batch_size"] > 2048
+    assert t.metrics["determinism_max_diff"] == 0.0 and t.metrics["input_sensitivity"] > 0  # measured again
+    assert t.metrics["dead_parameters"] == 0 and t.metrics["redundant_ops"] == 0
