@@ -250,18 +250,18 @@ class InTimingWindow(Check):
         while True:
             last = attempt == rounds
             t.metrics["resize_rounds"] = attempt
-            measured = None if chosen else self._quick_measure(t, search)
-            if measured is None and not chosen:  # it outgrew the most one job may hold: a bound, as in load_resized
-                if last:
-                    raise Reject("timing", "too_large", "the size of its last resize round outgrew the most one job "
-                                 "may hold")
-                self._unload(t)
-                load_resized(t, search, search.out_of_memory(search.level))  # too_large where no smaller size is left
-                attempt += 1
-                continue
             if chosen:
                 chosen, inside, level = False, True, None
             else:
+                measured = self._quick_measure(t, search)
+                if measured is None:  # it outgrew the most one job may hold: a bound, as in load_resized
+                    if last:
+                        raise Reject("timing", "too_large", "the size of its last resize round outgrew the most one "
+                                     "job may hold")
+                    self._unload(t)
+                    load_resized(t, search, search.out_of_memory(search.level))  # too_large where none is smaller
+                    attempt += 1
+                    continue
                 factor = self._factor(*measured, target, cap_bytes)
                 inside = self.decide(t.metrics, cfg) is None
                 aimed = inside and (ratio is None or 1 / ratio <= factor <= ratio)
@@ -906,9 +906,9 @@ class TimedAlone(InTimingWindow):
     ends at: every verdict is taken at the size the row keeps."""
 
     def run(self, t: TaskUnderTest) -> None:
-        chosen = t.code
+        at_the_chosen_size = t.code
         super().run(t)
-        if t.code != chosen:
+        if t.code != at_the_chosen_size:
             for check in AT_THE_CHOSEN_SIZE:
                 if check.enabled(t.cfg):
                     check.run(t)
