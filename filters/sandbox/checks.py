@@ -246,12 +246,15 @@ class InTimingWindow(Check):
         search = t.search or SizeSearch(t.code)
         rounds, attempt = search.rounds or cfg["max_resize_rounds"], search.attempt
         ratio = cfg["target_ratio"]
-        chosen, search.chosen = search.chosen, False  # the quick measures chose this size: precise next
+        chosen, search.chosen = search.chosen, None  # where the search left off for its precise measure
         while True:
             last = attempt == rounds
             t.metrics["resize_rounds"] = attempt
-            if chosen:
-                chosen, inside, level = False, True, None
+            if chosen == DECIDES:
+                self._measure(t, search, precise=True)
+                break
+            if chosen == AIMS:
+                chosen, inside, level = None, True, None
             else:
                 measured = self._quick_measure(t, search)
                 if measured is None:  # it outgrew the most one job may hold: a bound, as in load_resized
@@ -268,7 +271,7 @@ class InTimingWindow(Check):
                 level = None if aimed or last else search.next_level(factor, False)
             if level is None and inside:
                 if not self.precise:  # the precise measure waits for the other checks (TimedAlone)
-                    return self._chosen(t, search, attempt, rounds)
+                    return self._chosen(t, search, AIMS, attempt, rounds)
                 # Aimed, or in the window with nowhere better to go: one precise measure decides,
                 # and aims too (a quick measure beside other workers reads slow: on the H200 the
                 # quick aim left the accepted median at 2.2 ms for a target of 3).
@@ -300,16 +303,18 @@ class InTimingWindow(Check):
                 search.batch_only, search.level = inside_at
                 load_resized(t, search, search.level)
                 if not self.precise:
-                    return self._chosen(t, search, attempt, rounds)
+                    return self._chosen(t, search, DECIDES, attempt, rounds)
                 self._measure(t, search, precise=True)
                 break
             attempt += 1
         self.stop_if_failed(t)
 
     @staticmethod
-    def _chosen(t: TaskUnderTest, search: SizeSearch, attempt: int, rounds: int) -> None:
-        """Leave the search where the quick measures chose a size, for TimedAlone to go on from."""
-        t.search, search.chosen, search.attempt, search.rounds = search, True, attempt, rounds
+    def _chosen(t: TaskUnderTest, search: SizeSearch, how: str, attempt: int, rounds: int) -> None:
+        """Leave the search where the quick measures chose a size, for TimedAlone to go on from:
+        its precise measure AIMS as well (it may send the search on), or DECIDES alone (the
+        size aimed at next could not be loaded: aiming again would try it again)."""
+        t.search, search.chosen, search.attempt, search.rounds = search, how, attempt, rounds
 
     def _quick_measure(self, t: TaskUnderTest, search: SizeSearch) -> tuple[float, float | None] | None:
         """A warm-up (a cold model reads slow) and a quick measure; None where they outgrew the
@@ -340,6 +345,7 @@ class InTimingWindow(Check):
     @staticmethod
     def _unload(t: TaskUnderTest) -> None:
         t.task = t.model = t.inputs = t.out = None
+        t.other_out = []
         release(t.device)
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
@@ -366,6 +372,9 @@ class InTimingWindow(Check):
         return target / max(eager_ms, 1e-3)
 
 
+AIMS, DECIDES = "aims", "decides"  # what the timing check's precise measure does where the search left off
+
+
 class SizeSearch:
     """Where the timing check's re-sizing stands: the task's size constants as written, the
     level loaded now, and the levels known too fast (under the target) and too slow (over it,
@@ -381,7 +390,8 @@ class SizeSearch:
         self.ran_out_at = math.inf  # the smallest level that ran out of memory
         # where the timing check's search left off for its precise measure (TimedAlone): the
         # quick measures chose this level, after `attempt` rounds of `rounds`
-        self.chosen, self.attempt, self.rounds = False, 0, 0
+        self.chosen: str | None = None
+        self.attempt, self.rounds = 0, 0
 
     def next_level(self, factor: float, aimed: bool, precise: bool = False) -> int | None:
         """The level to try after measuring this one `factor` away from the target; None when
@@ -903,10 +913,12 @@ class TimedAlone(InTimingWindow):
     workers) 230 of the 478 timed, 377 of the timers' 664 s of waiting, and the closures
     every other worker's steps waited behind. Where the precise measure sends the search on
     (a quick one reads slow beside other workers), those checks run again at the size it
-    ends at: every verdict is taken at the size the row keeps."""
+    ends at: an accepted row passed every check at the size it keeps."""
 
     def run(self, t: TaskUnderTest) -> None:
         at_the_chosen_size = t.code
+        t.other_out = []  # the checks between are done with it: the precise measure's peak is the task's own
+        release(t.device)
         super().run(t)
         if t.code != at_the_chosen_size:
             for check in AT_THE_CHOSEN_SIZE:

@@ -516,7 +516,7 @@ def test_where_the_precise_measure_moves_the_size_the_checks_between_run_again_t
     the search on from the size the quick ones chose (out of the window, or far from the
     target), every check between runs again at the size the row keeps."""
     from filters.sandbox.checks import CHECKS, TimedAlone
-    code = make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 2048\nfeatures = 256")
+    code = make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 64\nfeatures = 64")
     t = TaskUnderTest(code, {**harness.DEFAULTS, **FAST}, torch.device("cpu"), GpuGate(None))
     before_precise = [check for check in CHECKS if not isinstance(check, TimedAlone)][:-1]
     for check in before_precise:
@@ -525,8 +525,9 @@ def test_where_the_precise_measure_moves_the_size_the_checks_between_run_again_t
     t.metrics = {}  # what the checks between record, gone: they must run again
     precise_ms, _ = measure(t.model, t.inputs, t.cfg, t.device)
     # the precise measure finds the chosen size far from the target (as if the quick measures had read slow)
-    t.cfg = {**t.cfg, "target_ms": precise_ms * 4, "target_ratio": 1.5}
+    # (a precise measure aims upward only; a thousand times off, whatever the noise of a loaded machine)
+    t.cfg = {**t.cfg, "target_ms": precise_ms * 1000, "target_ratio": 1.5}
     TimedAlone().run(t)
-    assert t.code != code and t.metrics["resized"] and t.metrics["batch_size"] > 2048
+    assert t.code != code and t.metrics["resized"] and t.metrics["batch_size"] > 64
     assert t.metrics["determinism_max_diff"] == 0.0 and t.metrics["input_sensitivity"] > 0  # measured again
     assert t.metrics["dead_parameters"] == 0 and t.metrics["redundant_ops"] == 0
