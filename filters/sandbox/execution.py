@@ -404,8 +404,7 @@ def measure(model, inputs, cfg, device, precise: bool = True, gate: GpuGate | No
     if precise:
         repeats = int(min(max(cfg["timing_budget_ms"] / max(first, 1e-3), cfg["min_repeats"]), cfg["max_repeats"]))
     else:
-        for _ in range(3):  # warm-up calls
-            timed_call()
+        warm_up_calls(model, inputs, device, 0.0, gate)
         repeats = 3
     times = [timed_call() for _ in range(repeats)]
     return statistics.median(times), _peak(device)

@@ -524,8 +524,8 @@ def test_where_the_precise_measure_moves_the_size_the_checks_between_run_again_t
     assert t.search.chosen and t.code == code and t.metrics["determinism_max_diff"] == 0.0
     t.metrics = {}  # what the checks between record, gone: they must run again
     precise_ms, _ = measure(t.model, t.inputs, t.cfg, t.device)
-    # the precise measure finds the chosen size far from the target (as if the quick measures had read slow)
-    # (a precise measure aims upward only; a thousand times off, whatever the noise of a loaded machine)
+    # the precise measure finds the chosen size far from the target, as if the quick measures had read
+    # slow (it aims upward only): a thousand times off, whatever the noise of a loaded machine
     t.cfg = {**t.cfg, "target_ms": precise_ms * 1000, "target_ratio": 1.5}
     TimedAlone().run(t)
     assert t.code != code and t.metrics["resized"] and t.metrics["batch_size"] > 64
