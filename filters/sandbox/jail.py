@@ -19,7 +19,8 @@ What the process that runs task code is given:
   user's own uid inside a user namespace;
 - a seccomp filter that refuses mounts, namespaces, ptrace, module and kexec loading, bpf,
   keyrings, io_uring and every socket but AF_UNIX (CUDA's runtime needs one; the worker's
-  audit hook refuses them to task code);
+  audit hook refuses them to task code), and any change to another process's limits,
+  priority, scheduling or CPUs (`OWN_PROCESS_ONLY`);
 - an environment holding only the names a worker needs (no API key or token).
 Each job's child then confines its own writes to its job folder with Landlock
 (`filters.sandbox.landlock`), where the kernel has it.
@@ -61,6 +62,16 @@ DENIED_SYSCALLS = (
     "fsconfig", "fspick", "move_mount", "open_tree", "mount_setattr", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "pidfd_getfd", "setdomainname", "sethostname",
 )
+# Calls that change another process's limits or scheduling: every process of the jail runs as
+# one uid, so without this a child could lower its zygote's limits, priority or CPUs, and every
+# later job of the worker would inherit them (a job cut to one CPU times slower, one whose
+# address space is capped fails). Each is refused unless it names the calling process alone, as
+# `setrlimit`, `os.nice` and a process's own affinity do: (syscall, argument, the one value let
+# through). setpriority(which, who) and ioprio_set(which, who): one process (PRIO_PROCESS 0,
+# IOPRIO_WHO_PROCESS 1), and `who` 0, the caller; the others take the target pid first, 0 the caller.
+OWN_PROCESS_ONLY = (("prlimit64", 0, 0), ("sched_setaffinity", 0, 0), ("sched_setscheduler", 0, 0),
+                    ("sched_setparam", 0, 0), ("sched_setattr", 0, 0), ("setpriority", 0, 0), ("setpriority", 1, 0),
+                    ("ioprio_set", 0, 1), ("ioprio_set", 1, 0))
 NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
 
 
@@ -217,6 +228,8 @@ def seccomp_program() -> bytes:
     for flag in NAMESPACE_FLAGS:  # clone() into a new namespace
         policy.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     policy.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags are out of reach: libc falls back to clone
+    for name, argument, allowed in OWN_PROCESS_ONLY:
+        policy.add_rule(seccomp.ERRNO(errno.EPERM), name, seccomp.Arg(argument, seccomp.NE, allowed))
     with tempfile.TemporaryFile() as program:
         policy.export_bpf(program)
         program.seek(0)

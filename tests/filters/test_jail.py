@@ -156,6 +156,48 @@ def test_the_form_for_an_ordinary_user_holds_too():
     assert "WROTE" not in result.stdout and not Path("/opsynth-owned").exists()
 
 
+def test_no_process_can_change_another_ones_limits_priority_or_cpus():
+    """Every process of a jail runs as one uid: a child that lowered its zygote's limits,
+    priority or CPUs would hand them to every later job of the worker (as root and as any
+    user, the kernel lets one process of a uid do that to another). Each such call is refused
+    when it names another process, and works on the caller itself."""
+    assert_held(run_jailed(script="""
+        import errno, resource, signal
+        def ioprio_set(which, who, priority):  # no Python wrapper: x86-64's syscall 251
+            if libc.syscall(251, which, who, priority) == -1:
+                raise OSError(ctypes.get_errno(), "ioprio_set")
+        zygote = os.fork()
+        if zygote == 0:
+            signal.pause()
+        before = (os.getpriority(os.PRIO_PROCESS, zygote), os.sched_getaffinity(zygote),
+                  os.sched_getscheduler(zygote), open(f"/proc/{zygote}/limits").read())
+        attacks = [lambda: os.setpriority(os.PRIO_PROCESS, zygote, 19),
+                   lambda: os.setpriority(os.PRIO_USER, 0, 19),  # every process of the uid
+                   lambda: os.setpriority(os.PRIO_PGRP, 0, 19),
+                   lambda: resource.prlimit(zygote, resource.RLIMIT_NOFILE, (3, 3)),
+                   lambda: resource.prlimit(zygote, resource.RLIMIT_AS, (1 << 30, 1 << 30)),
+                   lambda: os.sched_setaffinity(zygote, {min(os.sched_getaffinity(0))}),
+                   lambda: os.sched_setscheduler(zygote, os.SCHED_IDLE, os.sched_param(0)),
+                   lambda: os.sched_setparam(zygote, os.sched_param(0)),
+                   lambda: ioprio_set(1, zygote, 3 << 13),  # the idle I/O class
+                   lambda: ioprio_set(3, 0, 3 << 13)]  # every process of the uid
+        for attack in attacks:
+            try:
+                attack()
+            except OSError as error:
+                assert error.errno == errno.EPERM, error
+                continue
+            raise SystemExit("allowed: an attribute of another process")
+        assert (os.getpriority(os.PRIO_PROCESS, zygote), os.sched_getaffinity(zygote),
+                os.sched_getscheduler(zygote), open(f"/proc/{zygote}/limits").read()) == before
+        os.nice(1)  # its own, as a program may
+        resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+        os.sched_setaffinity(0, os.sched_getaffinity(0))
+        os.kill(zygote, signal.SIGKILL)
+        print("HELD")
+    """))
+
+
 def entries_bound_under(folder: str) -> set[str]:
     """The entries of `folder` in the jail that lead to host folders bound into it: of the
     checkout, its code packages and, where `make` put it, its .venv; of /tmp, a checkout or
