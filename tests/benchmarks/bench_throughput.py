@@ -10,8 +10,9 @@ a fresh output folder and cache (no verdict is reused), the code of this checkou
 machine). From the command's own records it prints:
 
 - accepted/h and candidates/h, over the whole wall and steady (less the workers' start);
-- worker-seconds per check (each check's wall time summed over candidates), and the
-  seconds a job's child spent outside the checks (fork, CUDA start, the trace child, ...);
+- worker-seconds per check (each check's wall time summed over candidates), the seconds a
+  job's child spent outside the checks, and outside the jobs' clocks: the accepted tasks'
+  traces and the CUDA contexts children readied ahead of their jobs made;
 - the GPU gate: seconds waited, held alone (timing), held shared, and the longest single
   hold with the step that held it (a long shared hold makes every timer, and so every
   worker, wait behind it); how long timers kept it closed, in how many closures (every
@@ -178,6 +179,10 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
         "worker_s_per_check": {k: round(v, 1) for k, v in per_check.most_common()},
         "worker_s_checks": round(checks_s, 1),
         "worker_s_outside_checks": round(max(job_s - checks_s, 0.0), 1) if job_s else None,
+        # outside the jobs' clocks: the accepted tasks' traces (a child each), and the CUDA
+        # contexts readied children made before their jobs came (worker.Ahead)
+        "worker_s_traces": round(sum(_num(m, "trace_wall_ms") for m in metrics) / 1e3, 1),
+        "worker_s_cuda_ahead": round(sum(_num(m, "cuda_start_ahead_ms") for m in metrics) / 1e3, 1),
         "gate_s": {"waiting": round(sum(_num(m, "gate_wait_ms") for m in metrics) / 1e3, 1),
                    "alone": round(alone_s, 1),
                    "shared": round(sum(_num(m, "gate_shared_ms") for m in metrics) / 1e3, 1),
@@ -297,7 +302,8 @@ def print_report(s: dict) -> None:
     print(f"accepted/h {s['accepted_per_hour']} (steady {s['steady_accepted_per_hour']}); "
           f"candidates/h {s['candidates_per_hour']} (steady {s['steady_candidates_per_hour']})")
     print("worker-seconds per check: " + ", ".join(f"{k} {v}" for k, v in s["worker_s_per_check"].items())
-          + f"; outside the checks {s['worker_s_outside_checks']}")
+          + f"; outside the checks {s['worker_s_outside_checks']}; outside the jobs: traces {s['worker_s_traces']}, "
+          f"CUDA contexts made ahead {s['worker_s_cuda_ahead']}")
     gate = s["gate_s"]
     print(f"GPU gate: waiting {gate['waiting']} s, alone {gate['alone']} s, shared {gate['shared']} s, "
           f"longest hold {gate['longest_hold_ms']} ms ({gate['longest_hold_step']}); "
