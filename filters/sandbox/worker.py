@@ -561,7 +561,12 @@ class Readied:
         job_read, self.job_fd = os.pipe()
         self.read_fd, write_fd = os.pipe()
         self.gate_wait = mmap.mmap(-1, 8)
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:  # no process left to make (a job's fork bomb, say): its caller goes without
+            for fd in (job_read, self.job_fd, self.read_fd, write_fd):
+                os.close(fd)
+            raise
         if self.pid == 0:
             _readied_child(options, job_read, write_fd, self.gate_wait)  # never returns
         os.close(job_read)
@@ -574,18 +579,26 @@ class Readied:
             return False
 
     def hand(self, job: dict, workdir: str) -> None:
-        """The job and its fresh folder. The job before may have stopped it: it goes on."""
+        """The job and its fresh folder. The job before may have stopped it: it goes on. One
+        that died since `alive` (its own CUDA start failed) answers nothing: a crash, as a
+        fresh child's would be."""
         os.kill(self.pid, signal.SIGCONT)
-        send(self.job_fd, {"job": job, "workdir": workdir})
+        try:
+            send(self.job_fd, {"job": job, "workdir": workdir})
+        except BrokenPipeError:
+            pass
         os.close(self.job_fd)
 
     def end(self) -> None:
+        self.close_pipes()
+        _end(self.pid)
+
+    def close_pipes(self) -> None:
         for fd in (self.job_fd, self.read_fd):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        _end(self.pid)
 
 
 class Ahead:
@@ -606,12 +619,17 @@ class Ahead:
         return self.child.pid if self.child else None
 
     def ready(self) -> None:
-        self.child = Readied(self.options)
+        """A child for the next job; none where no process can be made now (the next job then
+        gets a fresh one, made after this job's processes are ended)."""
+        try:
+            self.child = Readied(self.options)
+        except OSError:
+            self.child = None
 
     def take(self) -> Readied | None:
         child, self.child = self.child, None
-        if child and not child.alive():
-            child.end()
+        if child and not child.alive():  # reaped already: its pid is no longer its own to signal
+            child.close_pipes()
             return None
         return child
 
