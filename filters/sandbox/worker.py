@@ -146,26 +146,20 @@ def serve(job_fd: int, result_fd: int, options: dict) -> None:
     same uid: each job ends with a check that none changed (a write, a rename or a chmod
     changes a file's ctime, which no process can set). If one did, the job's result is
     sent and the worker retires: no later job reads what a task left."""
-    global _AHEAD
     from filters.sandbox.harness import REASONS
     kept = _snapshot(ZYGOTE_DIR)
-    _AHEAD = Ahead(options)
-    _AHEAD.ready()
-    try:
-        while (job := receive(job_fd)) is not None:
-            outcome = run_job(job, options, REASONS)
-            forged = outcome.pop("forged", False)
-            tampered = _snapshot(ZYGOTE_DIR) != kept
-            if tampered:  # whatever the child said, it said it from a worker it changed
-                outcome = failure("crashed", "the task changed the worker's own files: no verdict of it is kept, "
-                                             "and the worker is replaced")
-            send(result_fd, {"job": job["id"], **outcome, "retire": forged or tampered})
-            if forged or tampered:
-                why = "sent an answer that is not the checks' own" if forged else "changed the zygote's files"
-                print(f"sandbox worker: a job {why}; retiring", file=sys.stderr, flush=True)
-                return
-    finally:
-        _AHEAD.close()
+    while (job := receive(job_fd)) is not None:
+        outcome = run_job(job, options, REASONS)
+        forged = outcome.pop("forged", False)
+        tampered = _snapshot(ZYGOTE_DIR) != kept
+        if tampered:  # whatever the child said, it said it from a worker it changed
+            outcome = failure("crashed", "the task changed the worker's own files: no verdict of it is kept, "
+                                         "and the worker is replaced")
+        send(result_fd, {"job": job["id"], **outcome, "retire": forged or tampered})
+        if forged or tampered:
+            why = "sent an answer that is not the checks' own" if forged else "changed the zygote's files"
+            print(f"sandbox worker: a job {why}; retiring", file=sys.stderr, flush=True)
+            return
 
 
 def _snapshot(folder: str) -> dict:
@@ -187,7 +181,7 @@ def run_job(job: dict, options: dict, reasons) -> dict:
     if job["config"].get("trace_only"):
         outcome = accepted({})
     else:
-        outcome = confirm(_in_child(job, options, reasons, _child, ahead=True), job["config"])
+        outcome = confirm(_in_child(job, options, reasons, _child), job["config"])
         if gpu_memory_ran_out(outcome, options, job["config"]):
             first = outcome
             outcome = retried_alone(job, options, reasons)
@@ -287,25 +281,15 @@ def _beyond_clock(metrics: dict, cfg: dict) -> str | None:
     return None
 
 
-def _in_child(job: dict, options: dict, reasons, body, ahead: bool = False) -> dict:
-    """`body`'s result for the job, from a child of its own. `ahead`: a checks job, which goes
-    to the child readied for it (`Ahead`) where that one is still alive; the next job's is
-    readied as soon as this one is under way."""
+def _in_child(job: dict, options: dict, reasons, body) -> dict:
     workdir = tempfile.mkdtemp(prefix="job-", dir="/tmp")
-    readied = _AHEAD.take() if ahead and _AHEAD else None
-    if readied:
-        child, read_fd, gate_wait = readied.pid, readied.read_fd, readied.gate_wait
-        readied.hand(job, workdir)
-    else:
-        read_fd, write_fd = os.pipe()
-        gate_wait = mmap.mmap(-1, 8)  # shared with the child: the seconds it waited at the GPU gate
-        child = os.fork()
-        if child == 0:
-            body(job, options, workdir, write_fd, gate_wait)  # never returns
-        os.close(write_fd)
+    read_fd, write_fd = os.pipe()
+    gate_wait = mmap.mmap(-1, 8)  # shared with the child: the seconds it waited at the GPU gate
+    child = os.fork()
+    if child == 0:
+        body(job, options, workdir, write_fd, gate_wait)  # never returns
+    os.close(write_fd)
     began = time.monotonic()
-    if ahead and _AHEAD:
-        _AHEAD.ready()  # after `began`: the fork is the zygote's time, never taken from the job's clock
     try:
         outcome = _await_child(child, read_fd, options, reasons, gate_wait)
         outcome["metrics"]["job_wall_ms"] = (time.monotonic() - began) * 1e3  # the zygote's own clock
@@ -389,55 +373,11 @@ def _end_strays() -> None:
     run by hand) it would reach every process of the user, so only a jailed zygote does it."""
     if not JAILED:
         return
-    spared = _AHEAD.pid if _AHEAD else None
-    if spared is None:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:  # nobody left
-            pass
-    else:
-        _end_all_but(spared)
-    _reap()
-
-
-MAX_STRAY_PASSES = 100
-
-
-def _end_all_but(spared: int) -> None:
-    """kill(-1), sparing the child readied for the next job: every other living process of the
-    jail's PID namespace but the zygote and init, by its pid, pass after pass until a pass
-    finds none (a stray that forked meanwhile is found on the next). One that outlives them
-    all ends the worker, jail and all."""
-    for _ in range(MAX_STRAY_PASSES):
-        living = [pid for pid in _jail_pids() if pid not in (1, os.getpid(), spared) and _alive(pid)]
-        if not living:
-            return
-        for pid in living:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _reap()
-        time.sleep(0.001)
-    raise SystemExit("opsynth worker: a job left processes that could not be ended; ending this worker")
-
-
-def _jail_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _alive(pid: int) -> bool:
-    """Not yet ended: a zombie is dead, waiting for its parent (or the jail's init) to reap it."""
     try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            return stat_file.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def _reap() -> None:
-    """Reap the zygote's own children that have ended."""
-    while True:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:  # nobody left
+        pass
+    while True:  # reap those that were the zygote's own children
         try:
             if os.waitpid(-1, os.WNOHANG) == (0, 0):
                 break
@@ -553,149 +493,12 @@ def _status_kb(pid: int, field: str) -> int:
 
 # -- the child -----------------------------------------------------------------------------
 
-class Readied:
-    """A child forked ahead of its job (`_readied_child`): its pid, the pipe its job goes down,
-    the pipe its answer comes back on, and the GPU gate's wait it shares with the zygote."""
-
-    def __init__(self, options: dict):
-        job_read, self.job_fd = os.pipe()
-        self.read_fd, write_fd = os.pipe()
-        self.gate_wait = mmap.mmap(-1, 8)
-        try:
-            self.pid = os.fork()
-        except OSError:  # no process left to make (a job's fork bomb, say): its caller goes without
-            for fd in (job_read, self.job_fd, self.read_fd, write_fd):
-                os.close(fd)
-            raise
-        if self.pid == 0:
-            _readied_child(options, job_read, write_fd, self.gate_wait)  # never returns
-        os.close(job_read)
-        os.close(write_fd)
-
-    def alive(self) -> bool:
-        try:
-            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
-        except ChildProcessError:  # reaped already (`_reap`)
-            return False
-
-    def hand(self, job: dict, workdir: str) -> None:
-        """The job and its fresh folder. The job before may have stopped it: it goes on. One
-        that died since `alive` (its own CUDA start failed) answers nothing: a crash, as a
-        fresh child's would be."""
-        os.kill(self.pid, signal.SIGCONT)
-        try:
-            send(self.job_fd, {"job": job, "workdir": workdir})
-        except BrokenPipeError:
-            pass
-        os.close(self.job_fd)
-
-    def end(self) -> None:
-        self.close_pipes()
-        _end(self.pid)
-
-    def close_pipes(self) -> None:
-        for fd in (self.job_fd, self.read_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-class Ahead:
-    """The child readied for the worker's next checks job, forked while the job before runs:
-    on a GPU its CUDA context (a driver step the H200's driver takes one process at a time,
-    126 ms each, 2.0 s a child with 16 starting at once: tests/benchmarks/bench_cuda_start.py)
-    is made before its job comes, not on the job's clock. It holds no counted GPU memory until
-    then. Forked from the zygote, it never ran task code, and no job can reach it: seccomp
-    refuses changes to another process's limits and scheduling, it is not dumpable, it ignores
-    signals until its job comes (one that killed it is seen: the job gets a fresh child; one
-    that stopped it is undone), and its job folder is made, empty, only when its job comes."""
-
-    def __init__(self, options: dict):
-        self.options, self.child = options, None
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid if self.child else None
-
-    def ready(self) -> None:
-        """A child for the next job; none where no process can be made now (the next job then
-        gets a fresh one, made after this job's processes are ended)."""
-        try:
-            self.child = Readied(self.options)
-        except OSError:
-            self.child = None
-
-    def take(self) -> Readied | None:
-        child, self.child = self.child, None
-        if child and not child.alive():  # reaped already: its pid is no longer its own to signal
-            child.close_pipes()
-            return None
-        return child
-
-    def close(self) -> None:
-        if self.child:
-            self.child.end()
-            self.child = None
-
-
-_AHEAD: Ahead | None = None  # the zygote's, while it serves
-
-
-def _readied_child(options: dict, job_fd: int, write_fd: int, gate_wait: mmap.mmap) -> None:
-    """In a child forked ahead of its job: leave the zygote's group and descriptors, take the
-    job's limits, make the CUDA context (trusted code), then wait for the job, take its folder
-    and run its checks as any child does."""
-    def readied() -> dict:
-        _leave_zygote(job_fd, write_fd)
-        dispositions = _ignore_signals()
-        _limit(options)
-        ahead_ms = _context_ahead(options)
-        message = receive(job_fd)
-        if message is None:  # the worker ends
-            os._exit(0)
-        for number, disposition in dispositions.items():
-            signal.signal(number, disposition)
-        _enter_job(message["workdir"])
-        return _checks(message["job"], options, gate_wait, ahead_ms)
-    _answer(write_fd, readied)
-
-
-def _ignore_signals() -> dict:
-    """Every signal another process could send a readied child, ignored (what each was, to
-    restore): SIGKILL and SIGSTOP cannot be (the zygote sees the one and undoes the other),
-    and SIGCHLD's default already ignores it."""
-    dispositions = {}
-    for number in signal.valid_signals():
-        if number in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD) or signal.getsignal(number) is None:
-            continue
-        try:
-            dispositions[number] = signal.signal(number, signal.SIG_IGN)
-        except (OSError, ValueError):  # one the C library keeps for itself
-            continue
-    return dispositions
-
-
-def _context_ahead(options: dict) -> float:
-    """The CUDA context and a cuBLAS handle, before the job comes (ms; 0 off a GPU). With no job
-    folder yet, CUDA's JIT cache is off: torch's and Triton's kernels are built for the GPU already."""
-    import torch
-    if not (options.get("device", "cpu").startswith("cuda") and torch.cuda.is_available()):
-        return 0.0
-    began = time.perf_counter()
-    os.environ["CUDA_CACHE_DISABLE"] = "1"
-    _make_context()
-    return (time.perf_counter() - began) * 1e3
-
-
 def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
-    _run_in_child(lambda: _checks(job, options, gate_wait), options, workdir, write_fd)
-
-
-def _checks(job: dict, options: dict, gate_wait: mmap.mmap, ahead_ms: float | None = None) -> dict:
-    from filters.sandbox import execution
-    execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
-    return _evaluate(job, options, ahead_ms)
+    def checks() -> dict:
+        from filters.sandbox import execution
+        execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
+        return _evaluate(job, options)
+    _run_in_child(checks, options, workdir, write_fd)
 
 
 def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
@@ -733,18 +536,14 @@ def _trace_batch_child(job: dict, options: dict, workdir: str, write_fd: int, ga
 def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
     """In a forked child: leave the zygote's process group and descriptors behind, take the
     job's folder and limits, write `body()`'s result on the job's pipe, and exit."""
-    def job() -> dict:
-        _leave_zygote(write_fd)
-        _enter_job(workdir)
-        _limit(options)
-        return body()
-    _answer(write_fd, job)
-
-
-def _answer(write_fd: int, work) -> None:
-    """`work()`'s result on the job's pipe, then exit: the child never returns to the zygote's code."""
     try:
-        result = work()
+        os.setpgid(0, 0)
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        _own_folders(workdir)
+        restrict_writes_to(workdir)  # before any task code: the kernel refuses every write outside the job's folder
+        _limit(options)
+        result = body()
     except BaseException as error:  # SystemExit, KeyboardInterrupt from the task: a crash, not ours
         result = failure("crashed", f"{type(error).__name__}: {error}"[:MAX_DETAIL])
     try:
@@ -753,37 +552,18 @@ def _answer(write_fd: int, work) -> None:
         os._exit(0)
 
 
-def _leave_zygote(*kept: int) -> None:
-    """A process group of its own, and every descriptor closed but stdio and `kept`."""
-    os.setpgid(0, 0)
-    start = 3
-    for fd in sorted(kept):
-        os.closerange(start, fd)
-        start = fd + 1
-    os.closerange(start, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-
-
-def _enter_job(workdir: str) -> None:
-    _own_folders(workdir)
-    restrict_writes_to(workdir)  # before any task code: the kernel refuses every write outside the job's folder
-
-
-def _evaluate(job: dict, options: dict, ahead_ms: float | None = None) -> dict:
-    """The checks' result; `ahead_ms`: the CUDA context was made before the job came, in that
-    long (off the job's clock: not a `t_` stage), and only the job's GPU memory is taken now."""
+def _evaluate(job: dict, options: dict) -> dict:
     import torch
 
     from filters.sandbox.harness import evaluate
     sys.addaudithook(_refuse_escapes(tempfile.gettempdir()))
     began = time.perf_counter()
     if options.get("device", "cpu").startswith("cuda") and torch.cuda.is_available():
-        _take_gpu_memory(options) if ahead_ms is not None else _start_cuda(options)
+        _start_cuda(options)
     started_ms = (time.perf_counter() - began) * 1e3
     result = evaluate(job["code"], job["config"])
-    metrics = result["metrics"]
-    if options.get("device", "").startswith("cuda"):
-        metrics = {**metrics, "t_cuda_start_ms": started_ms,
-                   **({"cuda_start_ahead_ms": ahead_ms} if ahead_ms is not None else {})}
+    metrics = {**result["metrics"], "t_cuda_start_ms": started_ms} if options.get("device", "").startswith("cuda") \
+        else result["metrics"]
     return {**{key: result[key] for key in ("passed", "stage", "reason", "detail")}, "metrics": metrics}
 
 
@@ -798,12 +578,6 @@ def _start_cuda(options: dict) -> None:
     hundred ms of driver work. Done inside the job's first gated step, it held the gate that
     long, and every timer, and every worker behind the timer, waited for it. Trusted code,
     in the job's own process: nothing of it outlives the job."""
-    _take_gpu_memory(options)
-    _make_context()
-
-
-def _take_gpu_memory(options: dict) -> None:
-    """The job's share of the GPU's memory: its allocator's cap, before any task code."""
     import torch
 
     if options.get("gpu_memory_gb"):
@@ -818,11 +592,6 @@ def _take_gpu_memory(options: dict) -> None:
         else:
             share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
             torch.cuda.set_per_process_memory_fraction(min(1.0, share))
-
-
-def _make_context() -> None:
-    """The CUDA context, the caching allocator's first block and a cuBLAS handle."""
-    import torch
     a = torch.ones(8, 8, device="cuda")
     torch.mm(a, a)
     torch.cuda.synchronize()

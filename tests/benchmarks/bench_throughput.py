@@ -11,8 +11,8 @@ machine). From the command's own records it prints:
 
 - accepted/h and candidates/h, over the whole wall and steady (less the workers' start);
 - worker-seconds per check (each check's wall time summed over candidates), the seconds a
-  job's child spent outside the checks, and outside the jobs' clocks: the accepted tasks'
-  traces and the CUDA contexts children readied ahead of their jobs made;
+  job's child spent outside the checks (fork, CUDA start, ...), and the accepted tasks'
+  traces (a child each, after the job's own; the zygote's clock);
 - the GPU gate: seconds waited, held alone (timing), held shared, and the longest single
   hold with the step that held it (a long shared hold makes every timer, and so every
   worker, wait behind it); how long timers kept it closed, in how many closures (every
@@ -179,10 +179,7 @@ def summarise(args, records: list[dict], starts: list[float], wall_s: float, bus
         "worker_s_per_check": {k: round(v, 1) for k, v in per_check.most_common()},
         "worker_s_checks": round(checks_s, 1),
         "worker_s_outside_checks": round(max(job_s - checks_s, 0.0), 1) if job_s else None,
-        # outside the jobs' clocks: the accepted tasks' traces (a child each), and the CUDA
-        # contexts readied children made before their jobs came (worker.Ahead)
-        "worker_s_traces": round(sum(_num(m, "trace_wall_ms") for m in metrics) / 1e3, 1),
-        "worker_s_cuda_ahead": round(sum(_num(m, "cuda_start_ahead_ms") for m in metrics) / 1e3, 1),
+        "worker_s_traces": round(sum(_num(m, "trace_wall_ms") for m in metrics) / 1e3, 1),  # outside the jobs' clocks
         "gate_s": {"waiting": round(sum(_num(m, "gate_wait_ms") for m in metrics) / 1e3, 1),
                    "alone": round(alone_s, 1),
                    "shared": round(sum(_num(m, "gate_shared_ms") for m in metrics) / 1e3, 1),
@@ -302,8 +299,7 @@ def print_report(s: dict) -> None:
     print(f"accepted/h {s['accepted_per_hour']} (steady {s['steady_accepted_per_hour']}); "
           f"candidates/h {s['candidates_per_hour']} (steady {s['steady_candidates_per_hour']})")
     print("worker-seconds per check: " + ", ".join(f"{k} {v}" for k, v in s["worker_s_per_check"].items())
-          + f"; outside the checks {s['worker_s_outside_checks']}; outside the jobs: traces {s['worker_s_traces']}, "
-          f"CUDA contexts made ahead {s['worker_s_cuda_ahead']}")
+          + f"; outside the checks {s['worker_s_outside_checks']}; the accepted tasks' traces {s['worker_s_traces']}")
     gate = s["gate_s"]
     print(f"GPU gate: waiting {gate['waiting']} s, alone {gate['alone']} s, shared {gate['shared']} s, "
           f"longest hold {gate['longest_hold_ms']} ms ({gate['longest_hold_step']}); "

@@ -144,8 +144,7 @@ def test_no_process_a_job_starts_outlives_it(short_pool):
     """A program the audit hook lets a child start (a compiler, openssl) in a session of its
     own escapes the kill of the child's process group; a process left in the worker could
     reach every later job of the same uid. The zygote ends every process of its jail after
-    each job: the next job finds no one but itself, its zygote, the jail's init and the child
-    the zygote readied for the job after it (worker.Ahead)."""
+    each job: the next job finds no one but itself, its zygote and the jail's init."""
     linger = make_task("""\
         import subprocess
         subprocess.Popen(["openssl", "speed", "-seconds", "60", "md5"], start_new_session=True,
@@ -155,9 +154,8 @@ def test_no_process_a_job_starts_outlives_it(short_pool):
     census = make_task("""\
         import os
         others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]
-        parents = {p: int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) for p in others}
-        strays = [open(f"/proc/{p}/comm").read().strip() for p, parent in parents.items() if parent != os.getppid()]
-        assert not strays and len(others) <= 1, f"still running: {strays}, {len(others)} others"
+        names = [open(f"/proc/{p}/comm").read().strip() for p in others]
+        assert not names, f"still running: {names}"
         return torch.sigmoid(x).cumsum(-1)""")
     result = run(short_pool, census)
     assert result["passed"], result
