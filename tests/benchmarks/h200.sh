@@ -12,6 +12,7 @@
 #   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
 #   bash tests/benchmarks/h200.sh throughput NAME TREE WORKERS [N] [TASKS]  # N of TASKS through `opsynth validate`: accepted/h, where the time goes
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
+#   bash tests/benchmarks/h200.sh cudastart                     # what starting CUDA costs a child, alone and 2-16 at once
 #   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 #   bash tests/benchmarks/h200.sh scale [TASKS]                 # cold and cached crawl on every core; opsynth dedupe on 2 cores
 #   bash tests/benchmarks/h200.sh gputrace [ROWS|none|attack|in-full] # the trace on the checks' device: the attack, fairness on KernelBench and ROWS
@@ -151,6 +152,10 @@ if [ "$STAGE" = throughput ]; then
     timeout -s INT -k 15 "${LIMIT_S:-560}" python3 -m tests.benchmarks.bench_throughput "$TASKS" --limit "$N" \
         --device cuda --workers "$WORKERS" --name "$NAME" --json "$OUT/$NAME.json" --records "$OUT/$NAME.records.jsonl" ${tree[@]+"${tree[@]}"} -- --max-memory-gb 24 \
         2>&1 | grep -v "^WARNING" | tail -12
+    exit 0
+fi
+if [ "$STAGE" = cudastart ]; then
+    timeout 200 python3 -m tests.benchmarks.bench_cuda_start --rounds 3 --concurrency 1 2 4 8 16 2>&1 | grep -v Warn | tail -8
     exit 0
 fi
 if [ "$STAGE" = warmup ]; then
