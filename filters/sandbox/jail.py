@@ -52,6 +52,10 @@ SHM_SIZE = 512 << 20
 # Environment names passed into the jail; anything that looks like a secret never is.
 PASSED_ENV = re.compile(r"^(PATH|LD_LIBRARY_PATH|LANG|LC_\w+|CUDA_\w+|NVIDIA_\w+|NCCL_\w+|NVSHMEM_\w+|TORCH_\w+"
                         r"|TORCHINDUCTOR_\w+|TRITON_\w+|OMP_\w+|MKL_\w+|MALLOC_\w+)$")
+# Thread placement a host may set for OpenMP: it pins each thread by its id, which the seccomp
+# filter refuses (`OWN_PROCESS_ONLY`: only 0, the caller, may be named), and libgomp then
+# aborts ("Thread creation failed"). The jail leaves placement to the kernel.
+THREAD_PLACEMENT = frozenset({"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"})
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 DENIED_SYSCALLS = (
     "mount", "umount2", "pivot_root", "chroot", "setns", "unshare", "ptrace", "process_vm_readv",
@@ -112,7 +116,7 @@ def environment(extra: dict[str, str]) -> dict[str, str]:
     """What the jail's environment holds: passed-through names (never one that looks like a
     secret), the module search path of this process (its read-only folders only) and `extra`."""
     passed = {name: value for name, value in os.environ.items()
-              if PASSED_ENV.match(name) and not SECRET_NAME.search(name)}
+              if PASSED_ENV.match(name) and not SECRET_NAME.search(name) and name not in THREAD_PLACEMENT}
     search_path = [PROJECT_ROOT, *_python_paths()]
     programs = [p for p in passed.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)
                 if p.startswith("/") and not _under(p, WRITABLE)]

@@ -59,7 +59,7 @@ COMPILER_PROGRAMS = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++", "l
 # a plugin, another tool folder, specs, arguments read from a file): Inductor and Triton use none.
 STEERING_ARGUMENTS = ("-wrapper", "-B", "-specs", "--specs", "-fplugin", "-plugin", "--plugin", "-Wl,-plugin",
                       "-Wl,--plugin", "-no-integrated-cpp", "-fuse-ld", "@")
-REFUSED_EVENTS = frozenset({"os.system", "os.exec", "os.spawn", "os.fork", "os.forkpty",
+REFUSED_EVENTS = frozenset({"os.system", "os.exec", "os.spawn", "os.fork", "os.forkpty", "ctypes.dlsym/handle",
                             "os.kill", "os.killpg", "pty.spawn", "socket.__new__", "socket.connect", "socket.bind", "socket.sendto",
                             "socket.sendmsg", "gc.get_referrers", "gc.get_referents", "gc.get_objects",
                             "sys._current_frames", "sys.setprofile", "sys.settrace", "sys.addaudithook",
@@ -308,7 +308,9 @@ def _await_child(child: int, read_fd: int, options: dict, reasons, gate_wait: mm
     rss_limit = options.get("rss_limit_gb")
     data = bytearray()
     while True:
-        waited = min(max(struct.unpack_from("d", gate_wait)[0], 0.0), limit)
+        reported = struct.unpack_from("d", gate_wait)[0]
+        # a NaN compares false with everything: taken as it is, the deadline was NaN and never came
+        waited = min(max(reported, 0.0), limit) if math.isfinite(reported) else limit
         deadline = started + limit + waited
         if time.monotonic() > deadline:
             return failure("timeout", f"no result within {limit:.0f} s of its own work"
@@ -402,10 +404,34 @@ def _wipe() -> None:
     jail (a zygote run by hand) /tmp is the host's: only a jailed zygote wipes."""
     if not JAILED:
         return
+    _remove_sysv_ipc()
     left = [path for folder in ("/tmp", "/dev/shm") for path in _clear(folder, keep=(ZYGOTE_DIR,))]
     if left:
         raise SystemExit(f"opsynth worker: a job left what the wipe cannot remove ({', '.join(left[:3])}); "
                          "ending this worker")
+
+
+# System V IPC objects live in the jail's IPC namespace, not in a folder: /proc/sysvipc lists
+# them, and each kind's control call removes one by its id.
+SYSV_IPC = (("shm", "shmctl"), ("sem", "semctl"), ("msg", "msgctl"))
+IPC_RMID = 0
+
+
+def _remove_sysv_ipc() -> None:
+    """Every shared memory segment, semaphore set and message queue a job left: the wipe of
+    /tmp and /dev/shm does not reach them, and a job's 2 GB of segments stayed resident for
+    every later job of the worker (a red team's, session 20). All are the jail uid's: no job
+    before this one had another."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, control in SYSV_IPC:
+        try:
+            with open(f"/proc/sysvipc/{kind}") as table:
+                ids = [int(line.split()[1]) for line in list(table)[1:] if line.strip()]
+        except OSError:  # no System V IPC in this kernel
+            continue
+        for ipc_id in ids:
+            getattr(libc, control)(ipc_id, *((0,) if kind == "sem" else ()), IPC_RMID, None)
 
 
 def _clear(folder: str, keep: tuple[str, ...] = ()) -> list[str]:
@@ -537,7 +563,9 @@ def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
     """In a forked child: leave the zygote's process group and descriptors behind, take the
     job's folder and limits, write `body()`'s result on the job's pipe, and exit."""
     try:
-        os.setpgid(0, 0)
+        # a session of its own, not only a group: the scheduler's autogroup (whose nice
+        # /proc/self/autogroup sets) is the session's, and the zygote's session held every later job
+        os.setsid()
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         _own_folders(workdir)

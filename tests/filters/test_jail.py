@@ -368,6 +368,65 @@ def test_the_wipe_removes_whatever_a_job_left_whatever_its_mode(tmp_path):
     """, readable=(str(locks),)))
 
 
+def test_the_wipe_removes_the_system_v_ipc_a_job_left():
+    """Shared memory segments, semaphore sets and message queues live in the jail's IPC
+    namespace, where no wipe of a folder reaches: a job's segments stayed resident for every
+    later job of its worker. The zygote removes every one after each job."""
+    assert_held(run_jailed("""
+        from filters.sandbox.worker import _remove_sysv_ipc
+        libc.shmat.restype = ctypes.c_void_p
+        segment = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+        address = ctypes.c_void_p(libc.shmat(segment, None, 0))
+        ctypes.memset(address, 1, 1 << 20)
+        libc.shmdt(address)  # detached, as a job that ended leaves it
+        assert libc.semget(0, 1, 0o1600) >= 0 and libc.msgget(0, 0o1600) >= 0
+        tables = lambda: [line for kind in ("shm", "sem", "msg") for line in open(f"/proc/sysvipc/{kind}")][3:]
+        assert len(tables()) == 3, tables()
+        _remove_sysv_ipc()
+        assert tables() == [], tables()
+        print("HELD")
+    """))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="this kernel has no scheduler autogroups")
+def test_a_nice_written_to_the_autogroup_stays_in_the_writers_session():
+    """A process that makes itself dumpable may write its own /proc/self/autogroup, whose nice
+    is its whole session's: written from the zygote's session it reaches the zygote and so
+    every later job; from a session of its own (a job's child calls setsid) it reaches none."""
+    assert_held(run_jailed("""
+        import time
+        def renice_own_autogroup(new_session):
+            child = os.fork()
+            if child == 0:
+                if new_session:
+                    os.setsid()
+                libc.prctl(4, 1)  # PR_SET_DUMPABLE
+                for _ in range(20):  # the kernel takes one autogroup nice a tenth of a second (EAGAIN)
+                    try:
+                        with open("/proc/self/autogroup", "w") as autogroup:
+                            autogroup.write("19")
+                        os._exit(0)
+                    except BlockingIOError:
+                        time.sleep(0.15)
+                os._exit(1)
+            assert os.waitpid(child, 0)[1] == 0, "the autogroup's nice could not be written"
+            return open("/proc/self/autogroup").read().split()[-1]
+        assert renice_own_autogroup(new_session=True) == "0"
+        assert renice_own_autogroup(new_session=False) == "19"  # what a job could do before
+        print("HELD")
+    """))
+
+
+def test_thread_placement_set_on_the_host_does_not_reach_the_jail(monkeypatch):
+    """The seccomp filter lets a thread be pinned only as 0 (the caller), and libgomp pins by
+    thread id: with OMP_PROC_BIND set it aborted every CPU job. Other OpenMP settings pass."""
+    monkeypatch.setenv("OMP_PROC_BIND", "true")
+    monkeypatch.setenv("GOMP_CPU_AFFINITY", "0-3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    env = jail.environment({})
+    assert "OMP_PROC_BIND" not in env and "GOMP_CPU_AFFINITY" not in env and env["OMP_NUM_THREADS"] == "2"
+
+
 # -- through the real pool: raw code with no static check, the attacker with the interpreter --
 
 FAST = {"compile": False, "window_ms": [1e-6, 1e6]}

@@ -161,6 +161,37 @@ def test_no_process_a_job_starts_outlives_it(short_pool):
     assert result["passed"], result
 
 
+def test_each_job_has_a_session_of_its_own(short_pool):
+    """The scheduler's autogroup, whose nice a process may set through its own /proc entry, is
+    its session's: each job's child leads a session of its own, not the zygote's
+    (test_jail.py shows the write that reached every later job before)."""
+    check = make_task("""\
+        import os
+        assert os.getsid(0) == os.getpid() != os.getsid(os.getppid()), (os.getsid(0), os.getpid())
+        return torch.sigmoid(x).cumsum(-1)""")
+    result = run(short_pool, check)
+    assert result["passed"], result
+
+
+def test_a_job_that_writes_nan_as_its_gate_wait_is_still_timed_out(cache_dir):
+    """The seconds a child waited at the GPU gate come from a page it shares with its zygote,
+    which adds them to its time limit, up to the limit again. A NaN there made the deadline
+    NaN, and no time is past NaN: the job ran on until the pool's backstop."""
+    nan_wait = make_task("return torch.sigmoid(x).cumsum(-1)", header="""\
+import ctypes, time
+for line in open("/proc/self/maps"):
+    fields = line.split()
+    if "/dev/zero" in line and fields[1].startswith("rw-s"):
+        ctypes.c_double.from_address(int(fields[0].split("-")[0], 16)).value = float("nan")
+time.sleep(60)
+""")
+    with WorkerPool(1, sandbox_options(cache_dir, timeout_s=4, warm_up=False)) as pool:
+        began = time.monotonic()
+        result = run(pool, nan_wait)
+    assert result["reason"] == "timeout", result
+    assert time.monotonic() - began < 30
+
+
 def test_a_job_that_touches_the_zygotes_own_files_retires_its_worker(short_pool):
     """The zygote's precompiled headers are files of the children's uid: a task that gets to
     one (a chmod is not an audited write) ends its worker, and the next job has a new one."""
