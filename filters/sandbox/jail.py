@@ -18,7 +18,7 @@ What the process that runs task code is given:
   (a user namespace would map its uid back to the host's root); as any other user, the
   user's own uid inside a user namespace;
 - a seccomp filter that refuses mounts, namespaces, ptrace, module and kexec loading, bpf,
-  keyrings, io_uring and every socket but AF_UNIX (CUDA's runtime needs one; the worker's
+  keyrings, io_uring, POSIX message queues and every socket but AF_UNIX (CUDA's runtime needs one; the worker's
   audit hook refuses them to task code), and any change to another process's limits,
   priority, scheduling or CPUs (`OWN_PROCESS_ONLY`);
 - an environment holding only the names a worker needs (no API key or token).
@@ -65,6 +65,9 @@ DENIED_SYSCALLS = (
     "name_to_handle_at", "iopl", "ioperm", "lookup_dcookie", "vhangup", "fanotify_init", "fsopen", "fsmount",
     "fsconfig", "fspick", "move_mount", "open_tree", "mount_setattr", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "pidfd_getfd", "setdomainname", "sethostname",
+    # POSIX message queues live in the jail's IPC namespace, not in a folder the wipe reaches:
+    # one a job made outlived it (with its messages, where Landlock is missing)
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )
 # Calls that change another process's limits or scheduling: every process of the jail runs as
 # one uid, so without this a child could lower its zygote's limits, priority or CPUs, and every

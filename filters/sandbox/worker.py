@@ -425,13 +425,19 @@ def _remove_sysv_ipc() -> None:
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     for kind, control in SYSV_IPC:
-        try:
-            with open(f"/proc/sysvipc/{kind}") as table:
-                ids = [int(line.split()[1]) for line in list(table)[1:] if line.strip()]
-        except OSError:  # no System V IPC in this kernel
-            continue
-        for ipc_id in ids:
+        for ipc_id in _sysv_ids(kind):
             getattr(libc, control)(ipc_id, *((0,) if kind == "sem" else ()), IPC_RMID, None)
+        if _sysv_ids(kind):
+            raise SystemExit(f"opsynth worker: a job left System V {kind} objects the wipe cannot remove; "
+                             "ending this worker")
+
+
+def _sysv_ids(kind: str) -> list[int]:
+    try:
+        with open(f"/proc/sysvipc/{kind}") as table:
+            return [int(line.split()[1]) for line in list(table)[1:] if line.strip()]
+    except OSError:  # no System V IPC in this kernel
+        return []
 
 
 def _clear(folder: str, keep: tuple[str, ...] = ()) -> list[str]:

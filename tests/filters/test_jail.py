@@ -371,8 +371,10 @@ def test_the_wipe_removes_whatever_a_job_left_whatever_its_mode(tmp_path):
 def test_the_wipe_removes_the_system_v_ipc_a_job_left():
     """Shared memory segments, semaphore sets and message queues live in the jail's IPC
     namespace, where no wipe of a folder reaches: a job's segments stayed resident for every
-    later job of its worker. The zygote removes every one after each job."""
+    later job of its worker. The zygote removes every one after each job; a POSIX message
+    queue, in the same namespace, cannot be made."""
     assert_held(run_jailed("""
+        import errno
         from filters.sandbox.worker import _remove_sysv_ipc
         libc.shmat.restype = ctypes.c_void_p
         segment = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
@@ -384,6 +386,8 @@ def test_the_wipe_removes_the_system_v_ipc_a_job_left():
         assert len(tables()) == 3, tables()
         _remove_sysv_ipc()
         assert tables() == [], tables()
+        libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        assert refused(libc.mq_open(b"/left", os.O_CREAT | os.O_RDONLY, 0o600, None)) == errno.EPERM  # no wipe reaches one
         print("HELD")
     """))
 
