@@ -18,9 +18,9 @@ What the process that runs task code is given:
   (a user namespace would map its uid back to the host's root); as any other user, the
   user's own uid inside a user namespace;
 - a seccomp filter that refuses mounts, namespaces, ptrace, module and kexec loading, bpf,
-  keyrings, io_uring, POSIX message queues and every socket but AF_UNIX (CUDA's runtime needs one; the worker's
-  audit hook refuses them to task code), and any change to another process's limits,
-  priority, scheduling or CPUs (`OWN_PROCESS_ONLY`);
+  keyrings, io_uring, POSIX message queues and every socket but AF_UNIX (CUDA's runtime
+  needs one; the worker's audit hook refuses them to task code), and any change to another
+  process's limits, priority, scheduling or CPUs (`OWN_PROCESS_ONLY`);
 - an environment holding only the names a worker needs (no API key or token).
 Each job's child then confines its own writes to its job folder with Landlock
 (`filters.sandbox.landlock`), where the kernel has it.

@@ -566,7 +566,7 @@ def _trace_batch_child(job: dict, options: dict, workdir: str, write_fd: int, ga
 
 
 def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
-    """In a forked child: leave the zygote's process group and descriptors behind, take the
+    """In a forked child: leave the zygote's session and descriptors behind, take the
     job's folder and limits, write `body()`'s result on the job's pipe, and exit."""
     try:
         # a session of its own, not only a group: the scheduler's autogroup (whose nice
