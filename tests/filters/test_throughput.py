@@ -104,7 +104,7 @@ def test_the_benchmark_rates_and_splits_add_up():
     class Args:
         name, device, workers, tree = "t", "cuda", 8, None
 
-    records = [_record("a", 0, t_compile_ms=3000.0, t_execute_ms=500.0, wall_ms=4000.0, gpu_alone_ms=100.0,
+    records = [_record("a", 0, t_compile_ms=3000.0, t_execute_ms=500.0, wall_ms=4000.0, gpu_alone_ms=100.0, trace_wall_ms=700.0,
                        gate_wait_ms=200.0, gate_longest_ms=80.0, gate_longest_step="forward", gate_timer_wait_ms=300.0,
                        gate_closed_ms=300.0, gate_closures=2, gate_steps=10),
                _record("b", 1, "nan_or_inf", 1000.0, t_execute_ms=900.0, retried_alone=True, gate_long_holds=2,
@@ -114,6 +114,7 @@ def test_the_benchmark_rates_and_splits_add_up():
     assert s["accepted_per_hour"] == 30 and s["steady_accepted_per_hour"] == 36  # 1 in 120 s; 1 in 100 s
     assert s["worker_s_per_check"] == {"compile": 3.0, "execute": 1.4}
     assert s["worker_s_outside_checks"] == 0.6  # 5 s of jobs, 4.4 s of checks
+    assert s["worker_s_traces"] == 0.7  # outside the jobs' clocks
     assert s["gate_s"]["longest_hold_step"] == "Numerics.float64_share" and s["gate_s"]["waiting"] == 0.2
     assert s["gate_s"]["timers_waiting"] == 0.7
     assert (s["gate_s"]["closed"], s["gate_s"]["closures"], s["gate_s"]["shared_steps"]) == (0.3, 2, 10)
