@@ -47,7 +47,7 @@ LAYOUT_ONLY = frozenset({
     "resolve_conj", "resolve_neg", "dropout", "feature_dropout", "alpha_dropout", "identity", "scalar_tensor",
     "broadcast_in_dim", "full", "zeros", "ones", "empty_strided", "convert_element_type", "squeeze_copy",
     "unsqueeze_copy", "view_copy", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "new_zeros",
-    "new_ones", "new_empty", "new_full", "real", "tensor_split",
+    "new_ones", "new_empty", "new_full", "real", "tensor_split", "written_through_view",
 })
 # Bounds a task writes (a clamp, a minimum with a constant): kept where they do not bind on the
 # trace's values, which say nothing of a kernel's inputs (KernelBench's Matmul_Min_Subtract
@@ -170,7 +170,8 @@ def _aliases_hold(model: torch.nn.Module, inputs: list, values: "_Equivalences",
 
 def _writes_its_own(func) -> bool:
     """An op whose output is a tensor of its own (or, in place, its input), not a view."""
-    return func._schema.is_mutable or not any(r.alias_info for r in func._schema.returns)
+    schema = getattr(func, "_schema", None)  # none: a tensor written through a view (the recorder's own node)
+    return schema is not None and (schema.is_mutable or not any(r.alias_info for r in schema.returns))
 
 
 def _in_place_of(value: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
@@ -279,8 +280,11 @@ class _Recorder(TorchDispatchMode):
         self.decompose, self.decomposing = decompose, False
         self.replace = replace or {}  # op position -> the value its op returns instead (`_aliases_hold`)
         self.ops: list[_Op] = []
-        self.made_by: dict[int, _Op] = {id(t): _Op(None, (), [], t, True) for t in variables}
-        self.alive: list = list(variables)  # every tensor seen, so that no id is reused while recording
+        self.made_by: dict[int, _Op] = {}
+        self.alive: list = []  # every tensor seen, so that no id is reused while recording
+        self.sharing: dict[int, list] = {}  # storage -> the tensors seen on it (a base and its views)
+        for tensor in variables:
+            self._seen(tensor, _Op(None, (), [], tensor, True))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -297,8 +301,9 @@ class _Recorder(TorchDispatchMode):
                 return result
         read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         made = {id(t): self._maker(t) for t in read}
+        others = self._others_written(func, args, kwargs) if func._schema.is_mutable else []
         if func._schema.is_mutable:  # an in-place op: what the ops before it made must keep its value
-            for node in made.values():
+            for node in [*made.values(), *(self.made_by[id(t)] for t in others)]:
                 if node.value is not None and node.value.device.type != "meta":
                     node.value = node.value.clone()
         out = func(*args, **kwargs)
@@ -312,16 +317,43 @@ class _Recorder(TorchDispatchMode):
         self.ops.append(op)
         for tensor in torch.utils._pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
-                self.made_by[id(tensor)] = op
-                self.alive.append(tensor)
+                self._seen(tensor, op)
         self.alive.extend(read)
+        for tensor in others:
+            before = self.made_by[id(tensor)]
+            made_of = [before, op]
+            self._seen(tensor, _Op(WRITTEN_THROUGH_VIEW, (before, op), [n for n in made_of if n.target is not None],
+                                   tensor, before.variable or op.variable, len(self.ops),
+                                   [n for n in made_of if n.target is None]))
+            self.ops.append(self.made_by[id(tensor)])
         return out
+
+    def _seen(self, tensor: torch.Tensor, node: _Op) -> None:
+        self.made_by[id(tensor)] = node
+        self.alive.append(tensor)
+        key = _storage(tensor)
+        if key is not None and all(t is not tensor for t in self.sharing.get(key, ())):
+            self.sharing.setdefault(key, []).append(tensor)
+
+    def _others_written(self, func, args, kwargs) -> list:
+        """The tensors seen that an in-place op writes without naming them: the base of a view
+        it writes, and the base's other views. A red team wrote a Linear's output into a
+        clone of the input through `y.view(-1).copy_(...)` and returned `y`: read as the
+        tensor it was before the write, the layer was gone from the trace at every size."""
+        written = []
+        for index, argument in enumerate(func._schema.arguments):
+            value = args[index] if index < len(args) else kwargs.get(argument.name)
+            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
+                written.append(value)
+        others = {id(t): t for w in written for t in self.sharing.get(_storage(w), ()) if id(t) in self.made_by}
+        for w in written:
+            others.pop(id(w), None)
+        return list(others.values())
 
     def _maker(self, tensor) -> _Op:
         """The op that made `tensor`, or the leaf it is (made a leaf the first time it is read)."""
         if id(tensor) not in self.made_by:
-            self.made_by[id(tensor)] = _Op(None, (), [], tensor, False)
-            self.alive.append(tensor)
+            self._seen(tensor, _Op(None, (), [], tensor, False))
         return self.made_by[id(tensor)]
 
     def reaching(self, outputs: list) -> list[_Op]:
@@ -334,6 +366,22 @@ class _Recorder(TorchDispatchMode):
                 live.add(op)
                 frontier.extend(op.inputs)
         return [op for op in self.ops if op in live]
+
+
+class _WrittenThroughView:
+    """What a tensor is after an in-place op wrote into a view of its storage (recorded as a
+    layout op reading what it was and the write)."""
+    __name__ = "written_through_view"
+
+
+WRITTEN_THROUGH_VIEW = _WrittenThroughView()
+
+
+def _storage(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, AttributeError):  # a tensor with no storage of its own
+        return None
 
 
 @functools.cache
@@ -407,6 +455,10 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         return ["mul"]
     if not symbolic and name in NORMS:
         return NORMS[name](node.args)
+    if name == "batch_norm" and _training(node.args) and _batch_statistics_norm(node.args[0]) != "batch_norm":
+        # on meta too, where only the shapes say it: a task whose batch norm sees one sample
+        # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
+        return [_batch_statistics_norm(node.args[0])]
     return [SAME_AS.get(op, op) for op in SPLIT.get(name, (name,))]
 
 
@@ -461,14 +513,34 @@ def _group_norm(args) -> list[str]:
 
 def _batch_norm(args) -> list[str]:
     """In eval mode a batch norm is a scale and a shift per channel (from its running
-    statistics): that is what it computes, and what a hand-written one reads as."""
-    training = args[5] if len(args) > 5 and isinstance(args[5], bool) else False
-    if not training:
+    statistics): that is what it computes, and what a hand-written one reads as. Over a
+    batch of one sample it normalises each channel of that sample: an instance norm, which
+    F.instance_norm computes so (the samples' channels side by side, as one sample)."""
+    if not _training(args):
         return ["mul", "add"]
-    return [norm_name(_ndim(args[0]), (0, *range(2, _ndim(args[0]))))] + _affine(args[1], args[2])
+    return [_batch_statistics_norm(args[0])] + _affine(args[1], args[2])
+
+
+def _training(args) -> bool:
+    return args[5] if len(args) > 5 and isinstance(args[5], bool) else False
+
+
+def _batch_statistics_norm(node) -> str:
+    """The norm a batch norm on batch statistics computes of `node`, its input: an instance
+    norm where that input is F.instance_norm's own view, every (sample, channel) of a
+    contiguous tensor side by side as the channels of one sample; else a batch norm (a
+    batch norm of one sample viewed otherwise, `x.transpose(0, 1).reshape(1, C, -1)`, is
+    the batch norm of x)."""
+    ndim = _ndim(node)
+    base = node.args[0] if node.target is not None and _name(node) in ("view", "reshape") and node.args else None
+    instance = (isinstance(base, _Op) and base.value is not None and base.value.dim() == ndim >= 3
+                and base.value.is_contiguous() and tuple(node.value.shape) ==
+                (1, base.value.shape[0] * base.value.shape[1], *base.value.shape[2:]))
+    return norm_name(ndim, tuple(range(2, ndim)) if instance else (0, *range(2, ndim)))
 
 
 NORMS = {"layer_norm": _layer_norm, "group_norm": _group_norm, "batch_norm": _batch_norm}
+NORM_NAMES = frozenset({"batch_norm", "instance_norm", "layer_norm", "group_norm"})  # what norm_name calls a norm
 
 
 # -- with values: what each op computed, compared with what came before it -----------------------
@@ -634,8 +706,65 @@ class _Equivalences:
             if node not in reaching and node.target is not None:
                 reaching.add(node)
                 frontier.extend(self.inputs[node])
-        return [op for op in self.ops if op in reaching and op not in spelled
-                and (op.variable or op in self.made_constant) and canonical(op)]
+        hidden = [op for op in self.ops if op in reaching and op not in spelled
+                  and (op.variable or op in self.made_constant) and canonical(op)]
+        if not hidden:
+            return hidden
+        structural = self._identities() | self._renamed_norms(hidden, spelled)
+        return [op for op in hidden if op not in structural]
+
+    def _renamed_norms(self, hidden: list, spelled: set) -> set:
+        """Norm ops left out because the sequence spells them under a reshape: F.instance_norm
+        is a batch norm of a reshaped view, reshaped back, and both the batch norm and the view
+        back read as the instance norm of the input; the view back spells it. A norm counts
+        so only where a spelled node reached from it through layout ops alone is named as the
+        same composite, read from the same input up to layout ops: nothing it computes is left
+        out, at any size."""
+        renamed = set()
+        for op in hidden:
+            # nothing but the norm: an affine one whose scale and shift the values took for
+            # nothing at the small problem (a weight of 1 + 1e-4 r) may not be so at its own sizes
+            if op not in self.named or not op.variable or canonical(op) != list(self.named[op]) \
+                    or canonical(op)[0] not in NORM_NAMES:
+                continue
+            source = self._layout_root(self.reads[op][0])
+            reshaped, frontier = set(), [op]
+            while frontier:
+                for user in self.users.get(frontier.pop(), ()):
+                    if _name(user) in LAYOUT_ONLY and user not in reshaped:
+                        reshaped.add(user)
+                        frontier.append(user)
+            if any(node in spelled and node.variable and self.named.get(node) == self.named[op]
+                   and self._layout_root(self.reads[node][0]) is source for node in reshaped):
+                renamed.add(op)
+        return renamed
+
+    def _layout_root(self, node):
+        """The node `node` is a reshape of (itself if it is none)."""
+        while node.target is not None and _name(node) in LAYOUT_ONLY and len(self.inputs[node]) == 1:
+            node = self.inputs[node][0]
+        return node
+
+    def _identities(self) -> set:
+        """The ops of `sign(y) * |y|` (or `sign(y) * relu(|y|)`, F.lp_pool's), which is y
+        whatever y is: left out at every size. The sign and the magnitude count only where
+        the product is all that reads them."""
+        found = set()
+        for product in self.ops:
+            if _name(product) != "mul" or len(product.args) < 2 or not all(
+                    isinstance(arg, _Op) for arg in product.args[:2]):
+                continue
+            sign, magnitude = sorted(product.args[:2], key=lambda node: _name(node) != "sign")
+            steps = [magnitude]
+            if canonical(magnitude) == ["relu"] and isinstance(magnitude.args[0], _Op):
+                magnitude = magnitude.args[0]
+                steps.append(magnitude)
+            if (_name(sign) != "sign" or _name(magnitude) != "abs" or not isinstance(sign.args[0], _Op)
+                    or sign.args[0] is not magnitude.args[0]):
+                continue
+            pattern = {product, sign, *steps}
+            found |= {product} | {node for node in pattern - {product} if self.users.get(node, set()) <= pattern}
+        return found
 
     def names(self, node) -> list[str]:
         return list(self.named[node]) if node in self.named else canonical(node)

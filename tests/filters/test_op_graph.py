@@ -10,7 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from filters.sandbox.harness import _trace_sizes, trace
-from filters.sandbox.op_graph import ELEMENT_TOLERANCE, _apart, _apart_values, _matmul_shape, close, op_graph
+from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, _apart, _apart_values, _matmul_shape, close, op_graph,
+                                     op_graph_and_drops)
 from filters.sandbox.static_check import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
@@ -185,6 +186,66 @@ def test_eval_batch_norm_is_a_scale_and_a_shift_however_written():
         * BN.weight[:, None, None] + BN.bias[:, None, None]  # noqa: E731
     assert ops(BN, BN) == ops(lambda x: x * SCALE[:, None, None] + SHIFT[:, None, None], BN) == ops(by_hand, BN) \
         == ["mul", "add"]
+
+
+def dropped(body, *modules, shape=(4, 8, 6, 5)) -> list[str]:
+    """The ops op_graph_and_drops leaves unspelled in `body` on signed inputs."""
+    torch.manual_seed(0)
+    return op_graph_and_drops(Call(body, *modules).eval(), [torch.randn(*shape)])[1]
+
+
+@pytest.mark.parametrize("layer", [nn.InstanceNorm2d(8), nn.InstanceNorm1d(8), nn.LPPool2d(2, 2), nn.LPPool2d(3, 2),
+                                   lambda x: torch.sign(x) * torch.abs(x)])
+def test_what_a_layer_itself_leaves_out_at_every_size_is_not_dropped(layer):
+    """F.instance_norm's batch norm, spelled by the reshape after it as the same norm of the
+    same input, and `sign(y) * |y|`, which is y: nothing a smaller problem could hide."""
+    assert dropped(layer, *[layer] if isinstance(layer, nn.Module) else [], shape=(4, 8, 6) if "1d" in str(layer)
+                   else (4, 8, 6, 6)) == []
+
+
+def test_a_sign_times_a_magnitude_of_another_value_is_dropped():
+    """`sign(x) * |2x|` is 2x only because the two signs agree on these values: its ops are
+    unspelled like any value equal to an earlier one, and a smaller problem's reading of it does not stand."""
+    assert dropped(lambda x: torch.sign(x) * torch.abs(2.0 * x)) == ["sign", "abs", "mul"]
+
+
+def test_an_affine_instance_norm_reads_as_an_instance_norm_however_written():
+    norm = nn.InstanceNorm2d(8, affine=True)
+    with torch.no_grad():
+        norm.weight.normal_(), norm.bias.normal_()
+    written = lambda x: F.instance_norm(x) * norm.weight[:, None, None] + norm.bias[:, None, None]  # noqa: E731
+    assert ops(norm, norm) == ops(written, norm) == ["instance_norm", "mul", "add"]
+
+
+def test_a_batch_norm_of_one_sample_is_an_instance_norm_only_as_f_instance_norm_views_it():
+    weight, bias = torch.randn(8), torch.randn(8)
+    batch_statistics = lambda x, y: F.batch_norm(y, None, None, weight, bias, training=True)  # noqa: E731
+    one_sample = lambda x: batch_statistics(x, x.transpose(0, 1).reshape(1, 8, -1)).reshape(  # noqa: E731
+        8, x.shape[0], *x.shape[2:]).transpose(0, 1)
+    assert ops(one_sample) == ops(lambda x: batch_statistics(x, x)) == ["batch_norm", "mul", "add"]
+
+
+SQUARE, SAME_CONV = nn.Linear(5, 5), nn.Conv2d(8, 8, 3, padding=1)
+
+
+def copied_into_a_view(x):
+    y = x.clone()
+    y.view(-1).copy_(torch.relu(SQUARE(x)).reshape(-1))
+    return y
+
+
+def added_into_a_slice(x):
+    y = torch.sigmoid(x)
+    y[:].add_(SAME_CONV(x))
+    return y
+
+
+@pytest.mark.parametrize("written, expected", [(copied_into_a_view, ["mm", "add", "relu"]),
+                                               (added_into_a_slice, ["sigmoid", "convolution", "add"])])
+def test_a_write_through_a_view_is_part_of_what_its_base_holds(written, expected):
+    """A red team returned a tensor whose contents a layer wrote through a view of it: read
+    as the tensor before the write, the layer was gone from the trace at every size."""
+    assert ops(written, SQUARE, SAME_CONV) == expected
 
 
 @pytest.mark.parametrize("rewrite", [
