@@ -345,7 +345,8 @@ class _Recorder(TorchDispatchMode):
             value = args[index] if index < len(args) else kwargs.get(argument.name)
             if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
                 written.append(value)
-        others = {id(t): t for w in written for t in self.sharing.get(_storage(w), ()) if id(t) in self.made_by}
+        others = {id(t): t for w in written for t in self.sharing.get(_storage(w), ())
+                  if id(t) in self.made_by and _overlap(t, w)}
         for w in written:
             others.pop(id(w), None)
         return list(others.values())
@@ -382,6 +383,31 @@ def _storage(tensor: torch.Tensor) -> int | None:
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, AttributeError):  # a tensor with no storage of its own
         return None
+
+
+EXACT_OVERLAP_UP_TO = 1 << 24  # elements of storage: past it, two strided views that interleave are taken to overlap
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one storage share an element: GRUCell adds into one chunk of
+    its gates in place, and the other chunks, interleaved with it, are not written."""
+    if not a.numel() or not b.numel():
+        return False
+    (a_first, a_last), (b_first, b_last) = _extent(a), _extent(b)
+    if a_last < b_first or b_last < a_first:
+        return False
+    if a.is_contiguous() or b.is_contiguous() or max(a_last, b_last) >= EXACT_OVERLAP_UP_TO:
+        return True  # a dense tensor holds every element of its extent
+    offsets = torch.arange(max(a_last, b_last) + 1)
+    held = torch.zeros(len(offsets), dtype=torch.bool)
+    held[offsets.as_strided(a.shape, a.stride(), a.storage_offset()).reshape(-1)] = True
+    return bool(held[offsets.as_strided(b.shape, b.stride(), b.storage_offset()).reshape(-1)].any())
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The first and last element of the storage `t` reads (its strides are not negative)."""
+    spread = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.storage_offset(), t.storage_offset() + spread
 
 
 @functools.cache

@@ -240,6 +240,27 @@ def added_into_a_slice(x):
     return y
 
 
+GATES = nn.Linear(3, 9)
+
+
+def gates_in_place(x):
+    reset, update, candidate = GATES(x).chunk(3, -1)
+    reset.add_(x).sigmoid_()  # GRUCell's way: each gate in place in its chunk, interleaved with the others
+    update.add_(x).sigmoid_()
+    return torch.tanh(candidate + reset) * update
+
+
+def gates_out_of_place(x):
+    reset, update, candidate = GATES(x).chunk(3, -1)
+    reset, update = torch.sigmoid(reset + x), torch.sigmoid(update + x)
+    return torch.tanh(candidate + reset) * update
+
+
+def test_a_write_into_one_chunk_is_not_part_of_the_others():
+    assert ops(gates_in_place, GATES, shape=(4, 3)) == ops(gates_out_of_place, GATES, shape=(4, 3)) \
+        == ["mm", "add", "add", "sigmoid", "add", "sigmoid", "add", "tanh", "mul"]
+
+
 @pytest.mark.parametrize("written, expected", [(copied_into_a_view, ["mm", "add", "relu"]),
                                                (added_into_a_slice, ["sigmoid", "convolution", "add"])])
 def test_a_write_through_a_view_is_part_of_what_its_base_holds(written, expected):
