@@ -393,6 +393,8 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     its gates in place, and the other chunks, interleaved with it, are not written."""
     if not a.numel() or not b.numel():
         return False
+    if a.element_size() != b.element_size():
+        return True  # a view as another dtype: offsets count other units
     (a_first, a_last), (b_first, b_last) = _extent(a), _extent(b)
     if a_last < b_first or b_last < a_first:
         return False
