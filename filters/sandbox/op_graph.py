@@ -301,8 +301,9 @@ class _Recorder(TorchDispatchMode):
                 return result
         read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         made = {id(t): self._maker(t) for t in read}
-        others = self._others_written(func, args, kwargs) if func._schema.is_mutable else []
+        others = []
         if func._schema.is_mutable:  # an in-place op: what the ops before it made must keep its value
+            others = self._others_written(func, args, kwargs)
             for node in [*made.values(), *(self.made_by[id(t)] for t in others)]:
                 if node.value is not None and node.value.device.type != "meta":
                     node.value = node.value.clone()
@@ -322,10 +323,10 @@ class _Recorder(TorchDispatchMode):
         for tensor in others:
             before = self.made_by[id(tensor)]
             made_of = [before, op]
-            self._seen(tensor, _Op(WRITTEN_THROUGH_VIEW, (before, op), [n for n in made_of if n.target is not None],
-                                   tensor, before.variable or op.variable, len(self.ops),
-                                   [n for n in made_of if n.target is None]))
-            self.ops.append(self.made_by[id(tensor)])
+            written = _Op(WRITTEN_THROUGH_VIEW, (before, op), [n for n in made_of if n.target is not None], tensor,
+                          before.variable or op.variable, len(self.ops), [n for n in made_of if n.target is None])
+            self.ops.append(written)
+            self._seen(tensor, written)
         return out
 
     def _seen(self, tensor: torch.Tensor, node: _Op) -> None:
@@ -483,7 +484,7 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         return ["mul"]
     if not symbolic and name in NORMS:
         return NORMS[name](node.args)
-    if name == "batch_norm" and _training(node.args) and _batch_statistics_norm(node.args[0]) != "batch_norm":
+    if name == "batch_norm" and _training(node.args):
         # on meta too, where only the shapes say it: a task whose batch norm sees one sample
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
         return [_batch_statistics_norm(node.args[0])]
