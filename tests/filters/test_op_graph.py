@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from filters.sandbox.harness import _trace_sizes, trace
-from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, _apart, _apart_values, _matmul_shape, close, op_graph,
-                                     op_graph_and_drops)
+from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, OVERLAP_SEARCH_NODES, _apart, _apart_values, _matmul_shape,
+                                     _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
 from filters.sandbox.static_check import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
@@ -267,6 +267,50 @@ def test_a_write_through_a_view_is_part_of_what_its_base_holds(written, expected
     """A red team returned a tensor whose contents a layer wrote through a view of it: read
     as the tensor before the write, the layer was gone from the trace at every size."""
     assert ops(written, SQUARE, SAME_CONV) == expected
+
+
+def shared_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The elements of one storage two views read, listed one by one."""
+    def held(t):
+        extent = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+        return set(torch.arange(extent).as_strided(t.shape, t.stride(), t.storage_offset()).flatten().tolist())
+    return bool(held(a) & held(b)) if a.numel() and b.numel() else False
+
+
+def test_two_views_overlap_exactly_when_they_share_an_element():
+    """Strides of every kind (broadcast, interleaved, repeated, out of order), sizes of 0 and
+    1: the search on the strides answers as listing the elements does, both ways."""
+    draw = torch.Generator().manual_seed(0)
+    storage = torch.zeros(1024)
+
+    def view():
+        dims = int(torch.randint(1, 5, (), generator=draw))
+        shape = torch.randint(0, 7, (dims,), generator=draw).tolist()
+        strides = [(0, 1, 2, 3, 5, 7, 12, 16, 30, 64)[i] for i in torch.randint(0, 10, (dims,), generator=draw)]
+        return storage.as_strided(shape, strides, int(torch.randint(0, 60, (), generator=draw)))
+
+    pairs = [(view(), view()) for _ in range(3000)]
+    answers = [_overlap(a, b) for a, b in pairs]
+    assert answers == [shared_elements(a, b) for a, b in pairs]
+    assert 0.1 < sum(answers) / len(answers) < 0.9  # both answers are exercised
+
+
+def test_slices_of_one_output_overlap_only_where_they_meet():
+    padded = torch.zeros(2, 3, 6, 6)
+    assert not _overlap(padded[..., :1], padded[..., 5:])  # a circular pad's two edges
+    assert _overlap(padded[..., :1], padded[..., 0, :])  # a column and a row meet in a corner
+    assert not _overlap(padded[..., ::2], padded[..., 1::2])  # interleaved
+    assert _overlap(padded[..., ::2], padded[..., 2::3])
+
+
+def test_a_search_too_long_to_finish_takes_the_views_to_overlap():
+    """An odd offset is no sum of multiples of 10 and 6 (the gcd over all strides, 15's
+    included, is 1, so only the search tells): searched through when the ranges are short,
+    taken to overlap when no OVERLAP_SEARCH_NODES steps can finish it."""
+    assert not _offsets_meet(1, {15: (0, 0), 10: (-50, 50), 6: (-50, 50)})
+    many = OVERLAP_SEARCH_NODES * 10
+    assert _offsets_meet(1, {15: (0, 0), 10: (-many, many), 6: (-many, many)})
+    assert _offsets_meet(4, {10: (-many, many), 6: (-many, many)})  # 10 - 6: a true overlap is found
 
 
 @pytest.mark.parametrize("rewrite", [
