@@ -189,7 +189,9 @@ def _recorded(model: torch.nn.Module, inputs: list, replace: dict | None = None)
     recorder = _Recorder(variables=variables, replace=replace)
     with torch.no_grad(), recorder:
         out = model(*inputs)
-    return recorder, [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    recorder.read_at_the_end(outputs)
+    return recorder, outputs
 
 
 def _primitives(recorder: "_Recorder", out) -> list[str]:
@@ -282,7 +284,14 @@ class _Recorder(TorchDispatchMode):
         self.ops: list[_Op] = []
         self.made_by: dict[int, _Op] = {}
         self.alive: list = []  # every tensor seen, so that no id is reused while recording
-        self.sharing: dict[int, list] = {}  # storage -> the tensors seen on it (a base and its views)
+        # A write through one view changes what every other tensor of its storage holds where
+        # they share elements. Each storage's writes are logged, and a tensor is joined with the
+        # writes it shares elements with when it is next read (`_maker`): at the write, that
+        # meant testing every view seen on the storage, and a loop of slice writes (torch's
+        # CrossMapLRN2d, one per channel) took minutes to trace at 1,024 channels.
+        self.writes: dict[int, list] = {}  # storage -> (op, tensor written), in the order they ran
+        self.writes_read: dict[int, int] = {}  # tensor -> how many of its storage's writes its node holds
+        self.unfrozen: dict[int, list] = {}  # storage -> the nodes whose value is a tensor on it
         for tensor in variables:
             self._seen(tensor, _Op(None, (), [], tensor, True))
 
@@ -301,12 +310,13 @@ class _Recorder(TorchDispatchMode):
                 return result
         read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         made = {id(t): self._maker(t) for t in read}
-        others = []
-        if func._schema.is_mutable:  # an in-place op: what the ops before it made must keep its value
-            others = self._others_written(func, args, kwargs)
-            for node in [*made.values(), *(self.made_by[id(t)] for t in others)]:
-                if node.value is not None and node.value.device.type != "meta":
-                    node.value = node.value.clone()
+        written = _written(func, args, kwargs) if func._schema.is_mutable else []
+        if written:  # an in-place op: what the ops before it made must keep its value
+            for node in made.values():
+                _freeze(node)
+            for tensor in written:
+                for node in self.unfrozen.pop(_storage(tensor), ()):
+                    _freeze(node)
         out = func(*args, **kwargs)
         if len(self.ops) in self.replace and isinstance(out, torch.Tensor):
             out.copy_(self.replace[len(self.ops)])  # into the op's own tensor: strides kept (a later view reads them)
@@ -316,51 +326,58 @@ class _Recorder(TorchDispatchMode):
                  [node for node in inputs if node.target is not None], first,
                  any(node.variable for node in inputs), len(self.ops), [node for node in inputs if node.target is None])
         self.ops.append(op)
+        for tensor in written:
+            self.writes.setdefault(_storage(tensor), []).append((op, tensor))
         for tensor in torch.utils._pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
                 self._seen(tensor, op)
+        for tensor in written:  # its own write is in its node, or (not returned) no part of it
+            self.writes_read[id(tensor)] = len(self.writes[_storage(tensor)])
         self.alive.extend(read)
-        for tensor in others:
-            before = self.made_by[id(tensor)]
-            made_of = [before, op]
-            written = _Op(WRITTEN_THROUGH_VIEW, (before, op), [n for n in made_of if n.target is not None], tensor,
-                          before.variable or op.variable, len(self.ops), [n for n in made_of if n.target is None])
-            self.ops.append(written)
-            self._seen(tensor, written)
         return out
 
     def _seen(self, tensor: torch.Tensor, node: _Op) -> None:
         self.made_by[id(tensor)] = node
         self.alive.append(tensor)
         key = _storage(tensor)
-        if key is not None and all(t is not tensor for t in self.sharing.get(key, ())):
-            self.sharing.setdefault(key, []).append(tensor)
-
-    def _others_written(self, func, args, kwargs) -> list:
-        """The tensors seen that an in-place op writes without naming them: the base of a view
-        it writes, and the base's other views. A red team wrote a Linear's output into a
-        clone of the input through `y.view(-1).copy_(...)` and returned `y`: read as the
-        tensor it was before the write, the layer was gone from the trace at every size."""
-        written = []
-        for index, argument in enumerate(func._schema.arguments):
-            value = args[index] if index < len(args) else kwargs.get(argument.name)
-            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
-                written.append(value)
-        others = {id(t): t for w in written for t in self.sharing.get(_storage(w), ())
-                  if id(t) in self.made_by and _overlap(t, w)}
-        for w in written:
-            others.pop(id(w), None)
-        return list(others.values())
+        self.writes_read[id(tensor)] = len(self.writes.get(key, ()))
+        if node.value is tensor and key is not None:
+            self.unfrozen.setdefault(key, []).append(node)
 
     def _maker(self, tensor) -> _Op:
-        """The op that made `tensor`, or the leaf it is (made a leaf the first time it is read)."""
+        """The op that made `tensor`, or the leaf it is (made a leaf the first time it is read),
+        joined with the writes into its storage since, through other tensors, that share an
+        element with it. A red team wrote a Linear's output into a clone of the input through
+        `y.view(-1).copy_(...)` and returned `y`: read as the tensor before the write, the
+        layer was gone from the trace at every size."""
         if id(tensor) not in self.made_by:
             self._seen(tensor, _Op(None, (), [], tensor, False))
+            return self.made_by[id(tensor)]
+        writes = self.writes.get(_storage(tensor), ())
+        since = writes[self.writes_read[id(tensor)]:]
+        if not since:
+            return self.made_by[id(tensor)]
+        ops = [op for op, other in since if other is not tensor and _overlap(tensor, other)]
+        if ops:
+            before = self.made_by[id(tensor)]
+            made_of = [before, *ops]
+            self.ops.append(_Op(WRITTEN_THROUGH_VIEW, tuple(made_of), [n for n in made_of if n.target is not None],
+                                tensor, any(n.variable for n in made_of), len(self.ops),
+                                [n for n in made_of if n.target is None]))
+            self._seen(tensor, self.ops[-1])
+        self.writes_read[id(tensor)] = len(writes)
         return self.made_by[id(tensor)]
+
+    def read_at_the_end(self, outputs: list) -> None:
+        """Join the outputs with the writes into them since they were last read, as a read would."""
+        for tensor in outputs:
+            if id(tensor) in self.made_by:
+                self._maker(tensor)
 
     def reaching(self, outputs: list) -> list[_Op]:
         """The recorded ops the outputs depend on, in the order they ran: the rest (a
         condition's arithmetic, a value computed and dropped) computed nothing the task returns."""
+        self.read_at_the_end(outputs)
         live, frontier = set(), [self.made_by[id(t)] for t in outputs if id(t) in self.made_by]
         while frontier:
             op = frontier.pop()
@@ -368,6 +385,22 @@ class _Recorder(TorchDispatchMode):
                 live.add(op)
                 frontier.extend(op.inputs)
         return [op for op in self.ops if op in live]
+
+
+def _written(func, args, kwargs) -> list:
+    """The tensors an in-place op writes (its arguments the schema marks as written)."""
+    written = []
+    for index, argument in enumerate(func._schema.arguments):
+        value = args[index] if index < len(args) else kwargs.get(argument.name)
+        if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
+            written.append(value)
+    return written
+
+
+def _freeze(node: _Op) -> None:
+    """Keep `node`'s value as it is now: its tensor is about to be written in place."""
+    if isinstance(node.value, torch.Tensor) and node.value.device.type != "meta":
+        node.value = node.value.clone()
 
 
 class _WrittenThroughView:
