@@ -4,12 +4,10 @@ worker; `trace` records what a task computes.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import gc
 import math
 import os
-import re
 from typing import Callable
 
 import torch
@@ -19,15 +17,10 @@ from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, 
                                       timed)
 from filters.sandbox.gpu_memory import GpuMemoryBusy
 from filters.sandbox.op_graph import op_graph, op_graph_and_drops
-from filters.sandbox.resize import RESIZE_CONSTANT, int_constants, with_constants
+from filters.sandbox.resize import small_problem
 from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
-SMALL_BATCH = 4  # the batch size of a trace on real tensors
-# A trace on real tensors also shrinks every other module-level int of at least SHRINK_FROM
-# (what a name like `dim1`, `M` or `features` holds; kernel sizes, strides, heads and groups
-# are smaller and kept) by the largest power of two that divides it and leaves SMALL_EXTENT.
-SHRINK_FROM, SMALL_EXTENT = 64, 16
 bind_compiler()  # this module is imported by a worker before it runs any task
 
 # Every (stage, reason) a check can decide, and the sandbox's own; a worker's result that
@@ -177,7 +170,7 @@ def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, 
     checks = checks or ChecksDevice()
     graph = None
     try:
-        smaller = [code] if own_sizes else dict.fromkeys([*_trace_sizes(code), code])
+        smaller = [code] if own_sizes else dict.fromkeys([*small_problem(code), code])
     except Exception:  # code that does not parse: nothing to trace
         return Reading(None)
     for small in smaller:
@@ -276,54 +269,3 @@ def _generic_weights(model: torch.nn.Module) -> None:
             tensor.uniform_(0.5, 1.5)
         elif name.endswith("running_mean") or float(tensor.std()) < 1e-6:
             tensor.add_(torch.randn_like(tensor) * 0.2)
-
-
-def _trace_sizes(code: str) -> tuple[str, str]:
-    """(the small problem, the small batch): `code` at a batch of SMALL_BATCH at most with its
-    large constants shrunk (SHRINK_FROM), and at that batch alone, from one reading of its
-    constants. op_graph's value comparisons cost seconds a tensor of KernelBench's full
-    widths (a trace of 4096 x 4096 x 512 x 512 took 35 s of CPU, and the worker stops one at
-    20 s), and a power of two keeps what the constants' ratios and divisors were. A task
-    whose model cannot be built so is traced at its widths, at the small batch: real
-    tensors cost memory and time, and a batch of a few samples still has parts for a task
-    that splits it (one sample would leave an empty half, which some ops refuse)."""
-    constants = int_constants(code)
-    batch = RESIZE_CONSTANT if constants.get(RESIZE_CONSTANT, 0) > 0 else _first_input_size(code)
-    small_batch = {batch: SMALL_BATCH} if (constants.get(batch) or 0) > SMALL_BATCH else {}
-    splits = {name: value for name, value in constants.items() if re.search("group|head", name, re.IGNORECASE)}
-    shrunk = {}
-    for name, value in constants.items():
-        # a width split in groups or heads (a constant so named that divides it) keeps 8 to a
-        # group: a group norm of groups of one or two is no norm to recognise
-        floor = max([SMALL_EXTENT, *(8 * d for d in splits.values() if d > 1 and value % d == 0)])
-        if name not in {*splits, batch} and value >= SHRINK_FROM and _halvings(value, floor):
-            shrunk[name] = value >> _halvings(value, floor)
-    at_batch = with_constants(code, small_batch) if small_batch else code
-    return (with_constants(code, {**small_batch, **shrunk}) if shrunk else at_batch), at_batch
-
-
-def _halvings(value: int, floor: int) -> int:
-    """How many times `value` halves evenly and stays at least `floor`."""
-    times = 0
-    while value % 2 == 0 and value // 2 >= floor:
-        value, times = value // 2, times + 1
-    return times
-
-
-def _first_input_size(code: str) -> str | None:
-    """The module-level constant that sizes the first dimension of the first tensor
-    `get_inputs` makes: the batch, in a task that calls it something else than
-    `batch_size` (a renamed copy would otherwise trace at full size, past the time limit)."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return None
-    builder = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "get_inputs"),
-                   None)
-    for call in (node for node in ast.walk(builder) if isinstance(node, ast.Call)) if builder else ():
-        first = call.args[0] if call.args else None
-        first = first.elts[0] if isinstance(first, (ast.Tuple, ast.List)) and first.elts else first
-        if isinstance(first, ast.Name):
-            return first.id
-    return None
-

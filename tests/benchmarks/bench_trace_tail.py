@@ -19,6 +19,7 @@ import time
 from collections import Counter
 
 from filters.sandbox import harness
+from filters.sandbox.resize import small_problem
 
 
 def main() -> None:
@@ -53,7 +54,7 @@ def main() -> None:
 
 def small_reading_unspelled(code: str) -> list[str] | None:
     """The ops the reading at the small problem left unspelled; None where it failed."""
-    small, _ = harness._trace_sizes(code)
+    small, _ = small_problem(code)
     try:
         return harness._traced_and_drops(small, harness.ChecksDevice(), True)[1]
     except Exception:

@@ -9,7 +9,7 @@ import torch
 from filters.sandbox import harness
 from filters.sandbox.checks import DependsOnInput, Deterministic, NothingDead, SizeSearch, TaskUnderTest
 from filters.sandbox.execution import POLITE_S, GpuGate, build_model, forward, load_task, measure
-
+from filters.sandbox.resize import small_problem
 from operators.sizes import in_ladders
 
 from tests.conftest import make_task
@@ -467,7 +467,7 @@ def test_a_trace_whose_values_drop_nothing_stays_at_the_small_problem():
     from filters.sandbox.op_graph import op_graph_and_drops
 
     honest = make_task("return torch.relu(self.linear(x)) * 2.0", init="self.linear = nn.Linear(features, features)")
-    small, _ = harness._trace_sizes(honest)
+    small, _ = small_problem(honest)
     assert harness._traced_and_drops(small) == ("mm add relu mul", [])
     positive = make_task("return torch.relu(torch.sigmoid(x))")  # a relu of what is all positive: dropped
     model, inputs = harness._built(positive, "cpu")
@@ -508,7 +508,7 @@ def test_a_layer_scaled_away_at_the_small_problem_inside_those_ops_is_still_trac
     task = make_task(HIDDEN_IN_OWN_OPS[kind], init="self.conv = nn.Conv2d(4, 4, 3, padding=1)\n"
                      "self.norm = nn.InstanceNorm2d(4)", inputs="[torch.randn(batch_size, 4, features, 16)]",
                      constants="batch_size = 8\nfeatures = 256\nSCALE = 1e-6 ** (16 / features)")
-    small, _ = harness._trace_sizes(task)
+    small, _ = small_problem(task)
     assert "convolution" not in harness._traced_and_drops(small)[0]  # the small problem hides it
     graph = harness.trace(task)
     assert graph is None or "convolution" in graph, graph
@@ -541,7 +541,7 @@ def test_a_layer_that_differs_at_the_small_problem_reads_as_at_its_own_sizes(kin
     task = make_task(body, init=init, inputs="[torch.randn(batch_size, 4, features, 16)]",
                      constants="batch_size = 16\nfeatures = 256\nSCALE = 1e-4 ** (16 / features)")
     own = harness._traced_and_drops(task)[0]
-    assert harness.trace(task) == own and own != harness._traced_and_drops(harness._trace_sizes(task)[0])[0]
+    assert harness.trace(task) == own and own != harness._traced_and_drops(small_problem(task)[0])[0]
 
 
 def test_a_data_dependent_op_does_not_hide_a_branch_on_the_batch_from_the_trace():

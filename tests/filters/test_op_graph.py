@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from filters.sandbox.harness import _trace_sizes, trace
+from filters.sandbox.harness import trace
+from filters.sandbox.resize import small_problem
 from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, OVERLAP_SEARCH_NODES, _apart, _apart_values, _matmul_shape,
                                      _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
 from filters.sandbox.static_check import static_check
@@ -546,7 +547,7 @@ def test_a_task_that_names_its_batch_otherwise_is_traced_at_a_small_batch():
     code = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
             "        return torch.relu(x)\n\nrows = 65536\nwidth = 512\n\n"
             "def get_inputs():\n    return [torch.randn(rows, width)]\n\ndef get_init_inputs():\n    return []\n")
-    _, small = _trace_sizes(code)
+    _, small = small_problem(code)
     assert "rows = 4\n" in small and "width = 512\n" in small
     assert trace(code) == "relu"
 
@@ -562,7 +563,7 @@ def test_a_bound_that_never_binds_on_the_traced_values_is_still_part_of_the_comp
 
 
 def test_a_trace_shrinks_widths_but_keeps_a_group_of_eight_per_group_or_head():
-    """A trace shrinks every large module-level int (harness._trace_sizes: 4096 x 4096
+    """A trace shrinks every large module-level int (resize.small_problem: 4096 x 4096
     norms took 35 s); a width split in 64 groups shrunk to 16 left groups of one, no group
     norm to recognise, and a hand-written group norm read as arithmetic."""
     code = '''import torch
@@ -594,7 +595,7 @@ def get_init_inputs():
     written = code.replace("return self.norm(self.linear(x))", """h = self.linear(x).reshape(x.shape[0], num_groups, -1)
         h = (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + 1e-5)
         return h.reshape(x.shape[0], -1) * self.norm.weight + self.norm.bias""")
-    small, _ = _trace_sizes(code)
+    small, _ = small_problem(code)
     assert "num_groups = 64\n" in small and "out_features = 512\n" in small and "batch_size = 4\n" in small
     assert trace(code) == trace(written) == "mm add group_norm mul add"
 
