@@ -236,7 +236,8 @@ def sample_tuples(catalog: list[OpSpec], count: int, op_count_mix: dict[int, flo
     A pure function of its arguments, so reruns and resumed runs agree."""
     from pipeline.composers.template import CompositionFailed, TemplateComposer
 
-    composer = TemplateComposer(catalog, op_count_mix, library_mix, usage=usage, numeric_screen=False)
+    composer = TemplateComposer(catalog, op_count_mix, library_mix, usage=usage, numeric_screen=False,
+                                checks_screen=False)
     seen, tuples, misses, index = set(drawn), [], 0, start
     while len(tuples) < count and misses < max_misses:
         try:

@@ -1,4 +1,4 @@
-"""The numeric screen: a composed chain runs once on the CPU, small, before it is emitted.
+"""The screens: a composed chain runs on the CPU, small, before it is emitted.
 
 The sandbox rejects a task whose output is NaN or Inf, past a magnitude bound, or different
 in float32 and float64 by more than a share of the verification tolerance. Each such
@@ -11,8 +11,17 @@ Outputs that jump under an ulp of input (floor of a computed value) are not test
 a small batch too few elements lie near a jump to show it, so the composer keeps such ops
 off computed values by placement (operators/roles.py, DISCONTINUOUS).
 
-It is a pure function of the chain: the weights and inputs are seeded, so composition
-stays a pure function of (run seed, index, earlier rounds). The code it runs is our own
+The checks screen (`checks_fault`) runs the sandbox's own value checks (the ones the timing
+check's chosen size is held to: determinism, purity, input dependence, per-element movement,
+nothing dead) on the CPU at a task's small problem, timing and compiling left out.
+On the H200 they rejected 221 of 512 template candidates after each had cost a worker a CUDA
+start, a re-sizing search and its timing (BENCHMARKS.md, "The checks screen"); at the screen's
+size they find most of them in tens of ms. A chain that fails here might pass at its own size
+on the GPU: the screen only redraws, it is no verdict, and every emitted task still passes
+every check in the sandbox.
+
+Both are pure functions of the chain: the weights and inputs are seeded, so composition
+stays a pure function of (run seed, index, earlier rounds). The code they run is our own
 rendering of crawled ops (operators/task.py), never a candidate's code.
 """
 from __future__ import annotations
@@ -23,7 +32,10 @@ import warnings
 
 import torch
 
+from filters.sandbox.checks import AT_THE_CHOSEN_SIZE, EXECUTES, TaskUnderTest
 from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
+from filters.sandbox.execution import GpuGate, Reject
+from filters.sandbox.resize import small_problem
 from operators.layouts import Layout
 from operators.task import BoundOp, render_task
 
@@ -45,6 +57,45 @@ def screen(chain: list[BoundOp], layout: Layout) -> str | None:
     """Why this chain's output is numerically unfit ('non_finite', 'magnitude' or
     'precision', with a detail), or None when it passes or cannot be run here."""
     return screen_task(render_task(chain, layout, screen_sizes(layout)))
+
+
+# What only the GPU at the task's own size can say: a CPU without a kernel, memory. The screen
+# passes such a chain; the sandbox decides.
+NOT_DECIDED_HERE = frozenset({"eager_error", "out_of_memory", "unmeasured"})
+# The checks the screen runs: all the value checks but the numerics check, whose nudge of a few
+# ulps read 0.146 and under 0.1 of the tolerance for one chain in two runs in one process here
+# (which algorithm a CPU convolution took), and which stopped none of the H200's rejects that
+# the others let through. The numeric screen above holds float32 against float64.
+SCREENED_CHECKS = (EXECUTES, *(check for check in AT_THE_CHOSEN_SIZE if check.stage != "numerics"))
+
+
+def checks_fault(chain: list[BoundOp], layout: Layout) -> str | None:
+    """The sandbox's value checks on this chain at its small problem (a task's trace's:
+    filters/sandbox/resize.py, small_problem) as 'stage/reason: detail', or None when they
+    pass or cannot run here. On the H200's verdicts of 512 candidates, the numeric screen's
+    size (every width kept) turned down 7 tasks the GPU accepted and cost 0.4 s a candidate
+    here; the small problem, 2 (BENCHMARKS.md, "The checks screen")."""
+    return checks_fault_of(small_problem(render_task(chain, layout, layout.sizes))[0])
+
+
+def checks_fault_of(code: str) -> str | None:
+    """`checks_fault` on a task's code as it stands (its own sizes)."""
+    cfg = {**CHECK_DEFAULTS, "device": "cpu"}
+    t = TaskUnderTest(code, cfg, torch.device("cpu"), GpuGate(None))
+    # the checks draw their second inputs from the global generator: seeded here, so that the
+    # verdict is the chain's alone, and restored after
+    with warnings.catch_warnings(), _one_thread(), torch.random.fork_rng(devices=[]):
+        warnings.simplefilter("ignore")
+        torch.manual_seed(SEED)
+        try:
+            for check in SCREENED_CHECKS:
+                if check.enabled(cfg):
+                    check.run(t)
+        except Reject as reject:
+            return None if reject.reason in NOT_DECIDED_HERE else f"{reject.stage}/{reject.reason}: {reject.detail}"
+        except Exception:  # the task's own error in a later check: the sandbox says which
+            return None
+    return None
 
 
 def screen_task(code: str, seed: int = SEED) -> str | None:

@@ -40,13 +40,13 @@ from operators.records import Candidate, OpSpec, Verdict, task_id
 from operators.roles import (ANCHOR, EPILOGUE, LAYOUT, NORMALISATION, REAL, REDUCTION, discontinuous, domain_of,
                              feeds, numerically_sensitive, role_of)
 from operators.task import BoundOp, bind, chain_output, render_task
-from pipeline.composers.screen import screen
+from pipeline.composers.screen import checks_fault, screen
 
 # CUDA-Agent-Ops-6K's op-count mix (share of tasks fusing 1..5 ops).
 DEFAULT_OP_COUNT_MIX = {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
 MAX_ELEMENTS = 1 << 26  # a chain whose intermediate grows past this at its drawn sizes is redrawn
 ATTEMPTS = 64
-# Chains the numeric screen may turn down per candidate, and of them those built around the
+# Chains the screens may turn down per candidate, and of them those built around the
 # featured op: an op that fails wherever it is placed (floor of a computed value) costs a few
 # CPU runs, then the candidate goes on without it.
 SCREENS = 12
@@ -73,10 +73,12 @@ class TemplateComposer:
     def __init__(self, catalog: list[OpSpec], op_count_mix: dict[int, float] | None = None,
                  library_mix: dict[str, float] | None = None, sampling: str = "layers",
                  usage: dict[str, int] | None = None, drawn: frozenset[tuple[str, ...]] = frozenset(),
-                 numeric_screen: bool = True):
+                 numeric_screen: bool = True, checks_screen: bool = True):
         """`usage`: calls of each op in real model code (operators/usage.py); none: all equal.
         `numeric_screen`: run each drawn chain once on the CPU and redraw one whose output the
-        sandbox would reject as non-finite, huge or unstable (off: only to measure it)."""
+        sandbox would reject as non-finite, huge or unstable; `checks_screen`: also run the
+        sandbox's value checks on it there, and redraw one they reject (off: only to measure
+        them)."""
         if not catalog:
             raise ValueError("the operator catalog is empty: crawl at least one library")
         if sampling not in SAMPLINGS:
@@ -93,7 +95,7 @@ class TemplateComposer:
         for spec in self.base:
             self.by_role.setdefault(role_of(spec.name), []).append(spec)
         self.coverage_orders: dict[int, list[OpSpec]] = {}  # run seed -> its permutation of the catalog
-        self.numeric_screen = numeric_screen
+        self.numeric_screen, self.checks_screen = numeric_screen, checks_screen
         self.screened: dict[bytes, str | None] = {}  # a chain's code (its hash) -> the screen's verdict
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list:
@@ -123,7 +125,7 @@ class TemplateComposer:
         first_pool = [spec for spec in self.catalog if spec.library == lead] if lead else self.base
         featured = self._featured(index, run_seed) if self.sampling == "layers" and not lead else None
         repeat = None  # the first chain of ops an earlier round drew: taken only if no other fits
-        faults: list[str] = []  # what the numeric screen found in each chain it turned down
+        faults: list[str] = []  # what the screens found in each chain it turned down
         for attempt in range(ATTEMPTS):
             if len(faults) >= SCREENS:
                 break
@@ -140,20 +142,22 @@ class TemplateComposer:
         if repeat and not self._screened_out(repeat, faults):
             return self._candidate(*repeat, index, run_seed)
         if faults:
-            raise CompositionFailed(f"no chain of {num_ops} ops passed the numeric screen in {len(faults)} tries; "
+            raise CompositionFailed(f"no chain of {num_ops} ops passed the screens in {len(faults)} tries; "
                                     f"last: {faults[-1]}")
         raise CompositionFailed(f"no runnable chain of {num_ops} ops after {ATTEMPTS} draws")
 
     def _screened_out(self, built, faults: list[str]) -> bool:
-        """Run the numeric screen (pipeline/composers/screen.py) on a drawn chain that holds a
-        numerically sensitive op (operators/roles.py); a fault is noted in `faults`. The
-        verdict is cached by the chain's code, which decides it."""
+        """Run the screens (pipeline/composers/screen.py) on a drawn chain: the numeric screen
+        where it holds a numerically sensitive op (operators/roles.py), then the checks screen;
+        a fault is noted in `faults`. The verdict is cached by the chain's code, which decides it."""
         chain, layout = built
-        if not self.numeric_screen or not any(numerically_sensitive(bound.spec.name) for bound in chain):
+        if not self.numeric_screen and not self.checks_screen:
             return False
         key = hashlib.sha256(render_task(chain, layout, layout.sizes).encode()).digest()
         if key not in self.screened:
-            self.screened[key] = screen(chain, layout)
+            sensitive = self.numeric_screen and any(numerically_sensitive(bound.spec.name) for bound in chain)
+            self.screened[key] = (sensitive and screen(chain, layout)) or \
+                (checks_fault(chain, layout) if self.checks_screen else None)
         if self.screened[key]:
             faults.append(f"{' + '.join(bound.spec.name for bound in chain)}: {self.screened[key]}")
         return bool(self.screened[key])

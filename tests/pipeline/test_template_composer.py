@@ -6,12 +6,13 @@ from collections import Counter
 import pytest
 import torch
 
+from filters.sandbox.resize import small_problem
 from filters.sandbox.static_check import static_check
 from operators.layouts import LAYOUTS
 from operators.records import Candidate, Verdict, task_id
 from operators.roles import (ANCHOR, COMPUTE_HEAVY, EPILOGUE, LAYOUT, REAL, REDUCTION, discontinuous, domain_of, feeds,
                              range_of, role_of)
-from pipeline.composers.screen import screen_sizes, screen_task
+from pipeline.composers.screen import checks_fault_of, screen_sizes, screen_task
 from tests.conftest import make_task
 from pipeline.composers.template import (COVERAGE_EVERY, DEFAULT_OP_COUNT_MIX, TemplateComposer, data_source,
                                          draw_op_count, layer_roles, lead_library, place)
@@ -161,7 +162,9 @@ def spec_keeps_rank(catalog, name):
 def test_every_op_appears_within_four_candidates_per_op(torch_catalog):
     catalog = [spec for spec in torch_catalog[0]
                if spec.name.startswith(("torch.nn.Conv", "torch.nn.Linear", "torch.nn.functional.", "torch.sum"))][:40]
-    composer = composer_for(catalog)
+    # the checks screen turns an op down wherever it is placed when it is an identity as the
+    # catalog binds it (F.pixel_shuffle with a factor of 1): the order alone is tested here
+    composer = TemplateComposer(catalog, {1: 0.1, 2: 0.6, 3: 0.2, 4: 0.05, 5: 0.05}, checks_screen=False)
     seen = {op for index in range(COVERAGE_EVERY * len(catalog)) for op in composer.compose(index, 9).ops}
     assert seen == {spec.name for spec in catalog}
 
@@ -195,7 +198,8 @@ def test_one_added_library_alone_still_composes(torch_catalog):
     (an op that jumps, featured, stands alone: leave those out)."""
     epilogues = [spec for spec in torch_catalog[0] if role_of(spec.name) == EPILOGUE]
     catalog = [spec for spec in epilogues if not discontinuous(spec.name)][:12]
-    composer = composer_for(catalog, mix={3: 1.0})
+    # three activations in a row are mostly redundant (the checks screen turns ELU -> CELU down)
+    composer = TemplateComposer(catalog, {3: 1.0}, checks_screen=False)
     assert all(len(composer.compose(index, 1).ops) == 3 for index in range(10))
 
 
@@ -236,7 +240,8 @@ def small_batch(candidate) -> str:
 
 def test_an_op_with_a_restricted_domain_only_takes_values_inside_it(torch_catalog):
     catalog = numeric_catalog(torch_catalog)
-    composer = composer_for(catalog, mix={2: 0.5, 3: 0.5})
+    # where each op goes; the checks screen turns every chain down that ends in a floor
+    composer = TemplateComposer(catalog, {2: 0.5, 3: 0.5}, checks_screen=False)
     chains = [composer.compose(index, 3).ops for index in range(4 * len(catalog))]
     for ops in chains:
         for previous, op in zip((None, *ops), ops):
@@ -274,7 +279,7 @@ def test_the_screen_names_what_the_sandbox_would_reject():
 def test_the_composer_redraws_what_the_screen_rejects_and_stays_a_pure_function(torch_catalog):
     catalog = numeric_catalog(torch_catalog)
     screened = composer_for(catalog, mix={2: 0.4, 3: 0.4, 4: 0.2})
-    unscreened = TemplateComposer(catalog, {2: 0.4, 3: 0.4, 4: 0.2}, numeric_screen=False)
+    unscreened = TemplateComposer(catalog, {2: 0.4, 3: 0.4, 4: 0.2}, numeric_screen=False, checks_screen=False)
     indices = range(0, 48)
     faults = lambda candidates: [c.ops for c in candidates if screen_task(small_batch(c))]  # noqa: E731
     kept = [screened.compose(index, 5) for index in indices]
@@ -282,6 +287,32 @@ def test_the_composer_redraws_what_the_screen_rejects_and_stays_a_pure_function(
     assert faults([unscreened.compose(index, 5) for index in indices])  # what it stops (Conv2d -> exp -> cosh ...)
     again = TemplateComposer(list(reversed(catalog)), {2: 0.4, 3: 0.4, 4: 0.2})
     assert [again.compose(index, 5) for index in indices] == kept
+
+
+def test_the_checks_screen_names_what_the_sandbox_value_checks_reject():
+    assert checks_fault_of(make_task("return torch.relu(torch.relu(x - 0.5))")).startswith("ablation/redundant_op")
+    assert checks_fault_of(make_task("return x * 0.0 + 1.0")).startswith("degenerate/constant_output")
+    assert checks_fault_of(make_task("return torch.clamp(x, min=0.9)")).startswith("sensitivity/insensitive_output")
+    assert checks_fault_of(make_task("return torch.relu(x - 0.5) * 3")) is None
+    # what only the GPU at the task's own size decides is left to the sandbox
+    assert checks_fault_of(make_task("return x @ torch.ones(3, 3)")) is None  # raises here: eager_error
+
+
+def test_the_composer_redraws_what_the_checks_screen_rejects(torch_catalog):
+    """F.pixel_shuffle as the catalog binds it (a factor of 1) is an identity: the sandbox's
+    ablation check rejects every chain that holds it, and so does the screen, here."""
+    names = {"torch.nn.functional.pixel_shuffle", "torch.nn.Conv2d", "torch.nn.functional.hardtanh",
+             "torch.nn.functional.gelu", "torch.nn.functional.silu"}
+    catalog = [spec for spec in torch_catalog[0] if spec.name in names]
+    mix = {2: 0.5, 3: 0.5}
+    jobs = [{"index": i} for i in range(24)]
+    composed = lambda composer: [c for c in composer.compose_many(jobs, 2) if isinstance(c, Candidate)]  # noqa: E731
+    screened = composed(TemplateComposer(catalog, mix))
+    unscreened = composed(TemplateComposer(catalog, mix, checks_screen=False))
+    assert len(unscreened) == 24 and len(screened) >= 20  # a few draw nothing else the checks pass
+    shuffled = lambda candidates: [c for c in candidates if "torch.nn.functional.pixel_shuffle" in c.ops]  # noqa: E731
+    assert shuffled(unscreened) and all(checks_fault_of(small_problem(c.code)[0]) for c in shuffled(unscreened)[:3])
+    assert not shuffled(screened)
 
 
 def test_a_round_composed_in_one_call_holds_back_its_own_tuples(torch_catalog):
