@@ -69,13 +69,13 @@ NOT_DECIDED_HERE = frozenset({"eager_error", "out_of_memory", "unmeasured"})
 SCREENED_CHECKS = (EXECUTES, *(check for check in AT_THE_CHOSEN_SIZE if check.stage != "numerics"))
 
 
-def checks_fault(chain: list[BoundOp], layout: Layout) -> str | None:
-    """The sandbox's value checks on this chain at its small problem (a task's trace's:
+def checks_fault(code: str) -> str | None:
+    """The sandbox's value checks on a task at its small problem (a task's trace's:
     filters/sandbox/resize.py, small_problem) as 'stage/reason: detail', or None when they
     pass or cannot run here. On the H200's verdicts of 512 candidates, the numeric screen's
     size (every width kept) turned down 7 tasks the GPU accepted and cost 0.4 s a candidate
     here; the small problem, 1 (BENCHMARKS.md, session 22)."""
-    return checks_fault_of(small_problem(render_task(chain, layout, layout.sizes))[0])
+    return checks_fault_of(small_problem(code)[0])
 
 
 def checks_fault_of(code: str) -> str | None:

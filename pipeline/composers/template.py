@@ -153,11 +153,12 @@ class TemplateComposer:
         chain, layout = built
         if not self.numeric_screen and not self.checks_screen:
             return False
-        key = hashlib.sha256(render_task(chain, layout, layout.sizes).encode()).digest()
+        code = render_task(chain, layout, layout.sizes)
+        key = hashlib.sha256(code.encode()).digest()
         if key not in self.screened:
             sensitive = self.numeric_screen and any(numerically_sensitive(bound.spec.name) for bound in chain)
-            self.screened[key] = (sensitive and screen(chain, layout)) or \
-                (checks_fault(chain, layout) if self.checks_screen else None)
+            fault = screen(chain, layout) if sensitive else None
+            self.screened[key] = fault or (checks_fault(code) if self.checks_screen else None)
         if self.screened[key]:
             faults.append(f"{' + '.join(bound.spec.name for bound in chain)}: {self.screened[key]}")
         return bool(self.screened[key])

@@ -90,28 +90,32 @@ def time_fresh_processes(jobs: list[dict], workers: int, env: dict) -> tuple[flo
     return time.perf_counter() - began, results
 
 
-def default_composer() -> TemplateComposer:
+def default_composer(checks_screen: bool = True) -> TemplateComposer:
     """The template composer a run with the default configuration composes with."""
     defaults = RunConfig()
     _, catalog = load_or_crawl(list(DEFAULT_LIBRARIES), Path(defaults.cache_dir))
-    return TemplateComposer(catalog, defaults.op_count_mix, defaults.library_mix)
+    return TemplateComposer(catalog, defaults.op_count_mix, defaults.library_mix, checks_screen=checks_screen)
+
+
+def composed(composer: TemplateComposer, count: int, seed: int) -> list:
+    """The first `count` candidates of `composer` that pass the static check, drawn as a run
+    with the default configuration draws them."""
+    kept = []
+    for index in range(count * 3):
+        try:
+            candidate = composer.compose(index, seed)
+        except CompositionFailed:
+            continue
+        if static_check(candidate.code) is None:
+            kept.append(candidate)
+        if len(kept) == count:
+            break
+    return kept
 
 
 def candidates(count: int, seed: int) -> list[str]:
-    """The first `count` template candidates that pass the static check, drawn as a run
-    with the default configuration draws them."""
-    composer = default_composer()
-    codes = []
-    for index in range(count * 3):
-        try:
-            code = composer.compose(index, seed).code
-        except CompositionFailed:
-            continue
-        if static_check(code) is None:
-            codes.append(code)
-        if len(codes) == count:
-            break
-    return codes
+    """The codes of `composed` by the default composer."""
+    return [candidate.code for candidate in composed(default_composer(), count, seed)]
 
 
 def report(args, codes, threads, start_s, pool_s, naive_s, pooled, naive) -> None:

@@ -6,13 +6,12 @@ from collections import Counter
 import pytest
 import torch
 
-from filters.sandbox.resize import small_problem
 from filters.sandbox.static_check import static_check
 from operators.layouts import LAYOUTS
 from operators.records import Candidate, Verdict, task_id
 from operators.roles import (ANCHOR, COMPUTE_HEAVY, EPILOGUE, LAYOUT, REAL, REDUCTION, discontinuous, domain_of, feeds,
                              range_of, role_of)
-from pipeline.composers.screen import checks_fault_of, screen_sizes, screen_task
+from pipeline.composers.screen import checks_fault, checks_fault_of, screen_sizes, screen_task
 from tests.conftest import make_task
 from pipeline.composers.template import (COVERAGE_EVERY, DEFAULT_OP_COUNT_MIX, TemplateComposer, data_source,
                                          draw_op_count, layer_roles, lead_library, place)
@@ -311,7 +310,7 @@ def test_the_composer_redraws_what_the_checks_screen_rejects(torch_catalog):
     unscreened = composed(TemplateComposer(catalog, mix, checks_screen=False))
     assert len(unscreened) == 24 and len(screened) >= 20  # a few draw nothing else the checks pass
     shuffled = lambda candidates: [c for c in candidates if "torch.nn.functional.pixel_shuffle" in c.ops]  # noqa: E731
-    assert shuffled(unscreened) and all(checks_fault_of(small_problem(c.code)[0]) for c in shuffled(unscreened)[:3])
+    assert shuffled(unscreened) and all(checks_fault(c.code) for c in shuffled(unscreened)[:3])
     assert not shuffled(screened)
 
 
