@@ -100,6 +100,27 @@ def test_torch_crawl_covers_modules_functional_and_tensor_ops(torch_catalog):
     assert all(spec.seed_code for spec in specs)
 
 
+@pytest.mark.parametrize("name, identity, recipe", [
+    ("nn.functional.pixel_shuffle", {"upscale_factor": 1}, {"upscale_factor": 3}),
+    ("nn.functional.softshrink", {"lambd": 0.0}, {"lambd": 0.5}),
+    ("diff", {"__args__": [0, 0, None, None]}, {"__args__": [1, 0, None, None]}),
+])
+def test_an_opinfo_sample_that_returns_its_input_is_passed_over(name, identity, recipe):
+    """OpInfo's first sample of pixel_shuffle has a factor of 1: every task built on it moved
+    no element. The next sample that computes something is the recipe."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from operators.sources import _resolve, _sample_recipe
+    info = next(info for info in op_db if info.name == name)
+    assert _sample_recipe(info, lambda x, *args, **kwargs: x) is None  # an op that is the identity on every sample
+    assert _sample_recipe(info, _resolve("torch." + name)) == recipe != identity
+
+
+def test_the_torch_catalog_binds_no_op_as_an_identity(torch_catalog):
+    names = {spec.name for spec in torch_catalog[0]}
+    assert "torch.nn.PixelShuffle" in names and "torch.nn.functional.pixel_shuffle" not in names
+
+
 def test_opinfo_samples_supply_arguments_that_signature_probing_cannot(torch_catalog):
     specs = {spec.name: spec for spec in torch_catalog[0]}
     roll = specs["torch.roll"]
