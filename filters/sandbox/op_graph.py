@@ -29,11 +29,13 @@ Shapes and constant values are abstracted: the result is a sequence of op names.
 """
 from __future__ import annotations
 
+import array
 import functools
 import itertools
 import math
 from dataclasses import dataclass, field
 
+import numpy
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree
@@ -87,6 +89,14 @@ class ReadingsDisagree(ValueError):
     """Neither reading reads all the task computes: its own values and generic ones each
     leave unspelled an op the other spells, it runs other ops on the generic values, or a
     value taken for an earlier one changes what it returns (`_aliases_hold`)."""
+
+
+class UntracedAliasing(ValueError):
+    """The task reached memory the recorder cannot follow: a tensor whose storage changed
+    outside torch's ops (`y.data = layer(x)`), a tensor made outside them over memory an op
+    wrote (`nn.Parameter(h)`, `h.as_subclass`, `torch.from_dlpack(h)`), or a tensor with no
+    strided storage (sparse, nested). A red team hid a Linear behind each; no layer a
+    kernel task is made of needs them, and the task is read as untraced."""
 
 
 def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | None = None,
@@ -283,15 +293,18 @@ class _Recorder(TorchDispatchMode):
         self.replace = replace or {}  # op position -> the value its op returns instead (`_aliases_hold`)
         self.ops: list[_Op] = []
         self.made_by: dict[int, _Op] = {}
-        self.alive: list = []  # every tensor seen, so that no id is reused while recording
+        self.alive: list = []  # every tensor seen, so that no id is reused and no memory freed while recording
         # A write through one view changes what every other tensor of its storage holds where
         # they share elements. Each storage's writes are logged, and a tensor is joined with the
         # writes it shares elements with when it is next read (`_maker`): at the write, that
         # meant testing every view seen on the storage, and a loop of slice writes (torch's
         # CrossMapLRN2d, one per channel) took minutes to trace at 1,024 channels.
-        self.writes: dict[int, list] = {}  # storage -> (op, tensor written), in the order they ran
+        self.writes: dict[int, _Writes] = {}  # storage -> its writes, in the order they ran
         self.writes_read: dict[int, int] = {}  # tensor -> how many of its storage's writes its node holds
         self.unfrozen: dict[int, list] = {}  # storage -> the nodes whose value is a tensor on it
+        self.views: dict[int, _View] = {}  # tensor -> where it lay in memory when last seen
+        self.computed: dict[int, tuple[int, int]] = {}  # storage an op allocated or wrote -> its bytes in memory
+        self.overlap_budget = _Budget(OVERLAP_RECORDING_STEPS)
         for tensor in variables:
             self._seen(tensor, _Op(None, (), [], tensor, True))
 
@@ -310,7 +323,8 @@ class _Recorder(TorchDispatchMode):
                 return result
         read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         made = {id(t): self._maker(t) for t in read}
-        written = _written(func, args, kwargs) if func._schema.is_mutable else []
+        written = _written(func, args, kwargs)
+        placed = {id(t): _View.of(t) for t in written}
         if written:  # an in-place op: what the ops before it made must keep its value
             for node in made.values():
                 _freeze(node)
@@ -321,18 +335,27 @@ class _Recorder(TorchDispatchMode):
         if len(self.ops) in self.replace and isinstance(out, torch.Tensor):
             out.copy_(self.replace[len(self.ops)])  # into the op's own tensor: strides kept (a later view reads them)
         inputs = [made[id(t)] for t in read]
-        first = next((t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        returned = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        _strided(returned)
         op = _Op(func, torch.utils._pytree.tree_map(lambda a: made[id(a)] if isinstance(a, torch.Tensor) else a, args),
-                 [node for node in inputs if node.target is not None], first,
+                 [node for node in inputs if node.target is not None], returned[0] if returned else None,
                  any(node.variable for node in inputs), len(self.ops), [node for node in inputs if node.target is None])
         self.ops.append(op)
         for tensor in written:
-            self.writes.setdefault(_storage(tensor), []).append((op, tensor))
-        for tensor in torch.utils._pytree.tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
+            self.writes.setdefault(_storage(tensor), _Writes()).add(op, _View.of(tensor))
+        for tensor in returned:
+            self._seen(tensor, op)
+        for tensor in written + (returned if _writes_its_own(func) else []):  # not a view: what it holds is computed
+            self._computed(tensor)
+        for tensor in written:
+            # A written argument holds the op's write: returned (in place), the op is its node;
+            # not returned (a running statistic, an observer's minimum), it is too. Where the op
+            # moved it in memory (as_strided_, resize_, set_), it is joined with every write
+            # into what it lies over now when next read.
+            if not any(tensor is r for r in returned):
                 self._seen(tensor, op)
-        for tensor in written:  # its own write is in its node, or (not returned) no part of it
-            self.writes_read[id(tensor)] = len(self.writes[_storage(tensor)])
+            moved = _View.of(tensor) != placed[id(tensor)]
+            self.writes_read[id(tensor)] = 0 if moved else len(self.writes[_storage(tensor)])
         self.alive.extend(read)
         return out
 
@@ -340,9 +363,17 @@ class _Recorder(TorchDispatchMode):
         self.made_by[id(tensor)] = node
         self.alive.append(tensor)
         key = _storage(tensor)
+        self.views[id(tensor)] = _View.of(tensor)
         self.writes_read[id(tensor)] = len(self.writes.get(key, ()))
         if node.value is tensor and key is not None:
             self.unfrozen.setdefault(key, []).append(node)
+
+    def _computed(self, tensor: torch.Tensor) -> None:
+        """Mark the memory an op wrote `tensor` into (`_leaf`)."""
+        key = _storage(tensor)
+        if key is not None and tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            self.computed[key] = (storage.data_ptr(), storage.data_ptr() + storage.nbytes())
 
     def _maker(self, tensor) -> _Op:
         """The op that made `tensor`, or the leaf it is (made a leaf the first time it is read),
@@ -350,23 +381,36 @@ class _Recorder(TorchDispatchMode):
         element with it. A red team wrote a Linear's output into a clone of the input through
         `y.view(-1).copy_(...)` and returned `y`: read as the tensor before the write, the
         layer was gone from the trace at every size."""
+        _strided([tensor])
         if id(tensor) not in self.made_by:
-            self._seen(tensor, _Op(None, (), [], tensor, False))
+            self._leaf(tensor)
             return self.made_by[id(tensor)]
-        writes = self.writes.get(_storage(tensor), ())
-        since = writes[self.writes_read[id(tensor)]:]
-        if not since:
+        view = _View.of(tensor)
+        if view != self.views[id(tensor)]:
+            raise UntracedAliasing("a tensor moved to other memory outside torch's ops (an assignment to .data)")
+        writes = self.writes.get(_storage(tensor))
+        if writes is None or len(writes) == self.writes_read[id(tensor)]:
             return self.made_by[id(tensor)]
-        ops = [op for op, other in since if other is not tensor and _overlap(tensor, other)]
+        before = self.made_by[id(tensor)]
+        ops = [op for op in writes.meeting(view, self.writes_read[id(tensor)], self.overlap_budget) if op is not before]
         if ops:
-            before = self.made_by[id(tensor)]
-            made_of = [before, *ops]
+            made_of = [before, *dict.fromkeys(ops)]
             self.ops.append(_Op(WRITTEN_THROUGH_VIEW, tuple(made_of), [n for n in made_of if n.target is not None],
                                 tensor, any(n.variable for n in made_of), len(self.ops),
                                 [n for n in made_of if n.target is None]))
             self._seen(tensor, self.ops[-1])
         self.writes_read[id(tensor)] = len(writes)
         return self.made_by[id(tensor)]
+
+    def _leaf(self, tensor: torch.Tensor) -> None:
+        """A tensor no op made: a weight, a buffer, a constant. One over memory that an op made
+        or wrote is that op's output under another name, made where no op saw it."""
+        storage = tensor.untyped_storage()
+        first, last = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+        if tensor.device.type != "meta" and storage.nbytes() and any(first < end and start < last for start, end in self.computed.values()):
+            raise UntracedAliasing("a tensor made outside torch's ops over memory an op wrote "
+                                   "(nn.Parameter, as_subclass or from_dlpack of a computed tensor)")
+        self._seen(tensor, _Op(None, (), [], tensor, False))
 
     def read_at_the_end(self, outputs: list) -> None:
         """Join the outputs with the writes into them since they were last read, as a read would."""
@@ -387,14 +431,29 @@ class _Recorder(TorchDispatchMode):
         return [op for op in self.ops if op in live]
 
 
+def _strided(tensors: list) -> None:
+    for tensor in tensors:
+        if tensor.layout != torch.strided or tensor.is_nested:
+            raise UntracedAliasing(f"a tensor of layout {tensor.layout}: its writes lie in storages it does not show")
+
+
+# Arguments an op writes that its schema does not mark: batch norm in training updates its
+# running statistics in place (`Tensor? running_mean`), and a red team read a Linear's output
+# back out of a running mean of momentum 1.
+RUNNING_STATISTICS = ("running_mean", "running_var")
+
+
 def _written(func, args, kwargs) -> list:
-    """The tensors an in-place op writes (its arguments the schema marks as written)."""
-    written = []
-    for index, argument in enumerate(func._schema.arguments):
-        value = args[index] if index < len(args) else kwargs.get(argument.name)
-        if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
-            written.append(value)
-    return written
+    """The tensors an op writes: its arguments the schema marks as written, and a batch
+    norm's running statistics while it trains."""
+    schema = func._schema
+    named = {argument.name: args[index] if index < len(args) else kwargs.get(argument.name)
+             for index, argument in enumerate(schema.arguments)}
+    written = [named[argument.name] for argument in schema.arguments
+               if argument.alias_info is not None and argument.alias_info.is_write]
+    if named.get("training") is True:
+        written += [named.get(name) for name in RUNNING_STATISTICS]
+    return list({id(t): t for t in written if isinstance(t, torch.Tensor)}.values())
 
 
 def _freeze(node: _Op) -> None:
@@ -419,39 +478,118 @@ def _storage(tensor: torch.Tensor) -> int | None:
         return None
 
 
-OVERLAP_SEARCH_NODES = 10_000  # past this many steps of `_overlap`'s search, two views are taken to overlap
+@dataclass(frozen=True)
+class _View:
+    """Where a tensor lies in its storage, kept as it was: a red team moved the view it wrote
+    through (`w.resize_(0)`) before the tensor it wrote into was read."""
+    shape: tuple
+    stride: tuple
+    offset: int
+    element_size: int
+    storage: int | None  # the storage's first byte in memory (a resize_ may move it)
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> "_View":
+        try:
+            pointer = tensor.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError, AttributeError):
+            pointer = None
+        return _View(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.element_size(),
+                     pointer)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def extent(self) -> tuple[int, int]:
+        """The first and last element of the storage it reads (its strides are not negative)."""
+        spread = sum((size - 1) * stride for size, stride in zip(self.shape, self.stride))
+        return self.offset, self.offset + spread
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors of one storage share an element: GRUCell adds into one chunk of
-    its gates in place, and the other chunks, interleaved with it, are not written. Solved
-    on the strides, not on the elements: marking a storage's elements cost a circular pad
-    (dozens of slice writes into one output) 5 s of a 6 s trace."""
+class _Writes:
+    """One storage's writes, in the order they ran: (op, where it wrote), and the extent of
+    each, so that a read among a thousand slice writes tests only those within its reach."""
+
+    def __init__(self):
+        self.ops: list = []
+        self.views: list = []
+        self.firsts = array.array("q")
+        self.lasts = array.array("q")
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def add(self, op: _Op, view: _View) -> None:
+        first, last = view.extent()
+        self.ops.append(op)
+        self.views.append(view)
+        self.firsts.append(first)
+        self.lasts.append(last)
+
+    def meeting(self, view: _View, since: int, budget: "_Budget") -> list:
+        """The ops of the writes from the `since`-th on that share an element with `view`."""
+        first, last = view.extent()
+        firsts = numpy.frombuffer(self.firsts, dtype=numpy.int64)[since:]
+        lasts = numpy.frombuffer(self.lasts, dtype=numpy.int64)[since:]
+        near = numpy.flatnonzero((firsts <= last) & (lasts >= first)) + since
+        return [self.ops[i] for i in near.tolist() if _overlap(view, self.views[i], budget)]
+
+
+class _Budget:
+    """Steps of `_overlap`'s search left to one recording (None: one search's own bound)."""
+
+    def __init__(self, steps: int | None = None):
+        self.left = steps
+
+    def spend(self, steps: int) -> None:
+        if self.left is not None:
+            self.left -= steps
+            if self.left < 0:
+                raise UntracedAliasing("more overlapping views and writes than a trace can follow")
+
+
+OVERLAP_SEARCH_NODES = 10_000  # past this many steps of one `_overlap` search, two views are taken to overlap
+# Past this many in one recording (steps and the branches they open), the task is untraced: a
+# red team's 150 writes under 8 views of pathological strides searched 18 s, where a trace has
+# 20 s, and a CrossMapLRN2d of 1,024 channels (a slice write per channel) ran past it anyway.
+OVERLAP_RECORDING_STEPS = 100_000
+
+
+def _overlap(a, b, budget: _Budget | None = None) -> bool:
+    """Whether two tensors (or `_View`s) of one storage share an element: GRUCell adds into
+    one chunk of its gates in place, and the other chunks, interleaved with it, are not
+    written. Solved on the strides, not on the elements: marking a storage's elements cost a
+    circular pad (dozens of slice writes into one output) 5 s of a 6 s trace."""
+    a = a if isinstance(a, _View) else _View.of(a)
+    b = b if isinstance(b, _View) else _View.of(b)
     if not a.numel() or not b.numel():
         return False
-    if a.element_size() != b.element_size():
-        return True  # a view as another dtype: offsets count other units
-    (a_first, a_last), (b_first, b_last) = _extent(a), _extent(b)
+    if a.element_size != b.element_size or a.storage != b.storage:
+        return True  # a view as another dtype (offsets count other units), or a storage moved since
+    (a_first, a_last), (b_first, b_last) = a.extent(), b.extent()
     if a_last < b_first or b_last < a_first:
         return False
-    return _offsets_meet(b.storage_offset() - a.storage_offset(), _index_ranges(a, b))
+    return _offsets_meet(b.offset - a.offset, _index_ranges(a, b), budget or _Budget())
 
 
-def _index_ranges(a: torch.Tensor, b: torch.Tensor) -> dict[int, tuple[int, int]]:
+def _index_ranges(a: _View, b: _View) -> dict[int, tuple[int, int]]:
     """stride -> the range of (a's index - b's index) along it: a shared element of a and b
     is one where the differences, times their strides, add up to b's offset less a's."""
     ranges: dict[int, tuple[int, int]] = {}
-    for tensor, sign in ((a, 1), (b, -1)):
-        for size, stride in zip(tensor.shape, tensor.stride()):
+    for view, sign in ((a, 1), (b, -1)):
+        for size, stride in zip(view.shape, view.stride):
             if size > 1 and stride:
                 low, high = ranges.get(stride, (0, 0))
                 ranges[stride] = (low - (size - 1), high) if sign < 0 else (low, high + size - 1)
     return ranges
 
 
-def _offsets_meet(target: int, ranges: dict[int, tuple[int, int]]) -> bool:
+def _offsets_meet(target: int, ranges: dict[int, tuple[int, int]], budget: _Budget | None = None) -> bool:
     """Whether sum(stride * k) == target for some k in each stride's range: a search from the
-    largest stride down, each step taking only the k the smaller strides can still make up."""
+    largest stride down, each step taking only the k the smaller strides can still make up.
+    Past OVERLAP_SEARCH_NODES steps it is taken to be so; past the steps left in `budget`,
+    UntracedAliasing."""
+    budget = budget or _Budget()
     strides = sorted(ranges, reverse=True)
     if strides and target % math.gcd(*strides):
         return False
@@ -465,6 +603,7 @@ def _offsets_meet(target: int, ranges: dict[int, tuple[int, int]]) -> bool:
     while pending:
         i, rest = pending.pop()
         steps += 1
+        budget.spend(1)
         if steps > OVERLAP_SEARCH_NODES:
             return True
         if i == len(strides):
@@ -477,14 +616,9 @@ def _offsets_meet(target: int, ranges: dict[int, tuple[int, int]]) -> bool:
         last = min(high, (rest - inner_low) // stride)
         if last - first >= OVERLAP_SEARCH_NODES:
             return True
+        budget.spend(max(last - first, 0))  # what the search will hold, counted as it is taken on
         pending.extend((i + 1, rest - stride * k) for k in range(first, last + 1))
     return False
-
-
-def _extent(t: torch.Tensor) -> tuple[int, int]:
-    """The first and last element of the storage `t` reads (its strides are not negative)."""
-    spread = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return t.storage_offset(), t.storage_offset() + spread
 
 
 @functools.cache
@@ -747,7 +881,7 @@ class _Equivalences:
     Ops that read no model input (weights and what is made of them) are constants: folded."""
 
     def __init__(self, recorder: _Recorder):
-        self.ops = recorder.ops
+        self.ops, self.made_by = recorder.ops, recorder.made_by
         self.alias: dict = {}  # op -> the earlier node whose value it is
         self.named: dict = {}  # op -> the names it stands for
         self.inputs: dict = {op: list(op.inputs) + [leaf for leaf in op.leaves if leaf.variable] for op in self.ops}
@@ -873,8 +1007,11 @@ class _Equivalences:
         return list(self.named[node]) if node in self.named else canonical(node)
 
     def _makers(self, outputs):
-        by_value = {id(op.value): op for op in self.ops}
-        return [by_value[id(t)] for t in outputs if id(t) in by_value]
+        """The nodes the outputs are, as the recorder last joined them: not found by their
+        values, which a node holds only for its first output, and a clone of once frozen (a
+        red team's second chunk of a layer, and a slice written before a write beside it,
+        went unread)."""
+        return [self.made_by[id(t)] for t in outputs if id(t) in self.made_by]
 
     def _resolve(self, node):
         while node in self.alias:

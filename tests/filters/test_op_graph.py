@@ -2,6 +2,7 @@
 Our own small modules, recorded in this process: on real CPU tensors (values: what a run of
 ops computes is compared with what came before it) and on the meta device (spelling only)."""
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ import torch.nn.functional as F
 
 from filters.sandbox.harness import trace
 from filters.sandbox.resize import small_problem
-from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, OVERLAP_SEARCH_NODES, _apart, _apart_values, _matmul_shape,
-                                     _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
+from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, OVERLAP_SEARCH_NODES, UntracedAliasing, _apart, _apart_values,
+                                     _matmul_shape, _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
 from filters.sandbox.static_check import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
@@ -268,6 +269,141 @@ def test_a_write_through_a_view_is_part_of_what_its_base_holds(written, expected
     """A red team returned a tensor whose contents a layer wrote through a view of it: read
     as the tensor before the write, the layer was gone from the trace at every size."""
     assert ops(written, SQUARE, SAME_CONV) == expected
+
+
+LAYER = nn.Linear(5, 5)
+HIDDEN = {"mm", "add", "relu"}  # what each disguise below must still read: relu(LAYER(x))
+
+
+def output_frozen_by_a_write_beside_it(x):
+    out = torch.empty(x.shape[0], 2, 5)
+    left, right = out[:, 0], out[:, 1]
+    left.copy_(torch.relu(LAYER(x)))
+    right.copy_(torch.tanh(x))  # freezes the values of the nodes on the storage: `left`'s too
+    return left, right
+
+
+def second_chunk(x):
+    return torch.relu(LAYER(torch.cat([x, x], -1)[:, :5])).repeat(1, 2).chunk(2, -1)[1], torch.tanh(x)
+
+
+def running_mean_of_momentum_one(x):
+    mean = torch.zeros(x.shape[0] * 5)
+    F.batch_norm(torch.relu(LAYER(x)).reshape(1, -1).repeat(2, 1), mean, torch.ones(x.shape[0] * 5), training=True,
+                 momentum=1.0)
+    return mean.reshape(x.shape) + torch.tanh(x)
+
+
+def writer_emptied_after_its_write(x):
+    out = torch.zeros(x.shape)
+    writer = out[:]
+    writer.copy_(torch.relu(LAYER(x)))
+    writer.resize_(0)  # the write is judged where it wrote, not where the writer lies now
+    return out + torch.tanh(x)
+
+
+def reader_moved_onto_the_write(x):
+    out = torch.zeros(x.shape[0], 10)
+    reader, writer = out[:, 5:], out[:, :5]
+    writer.copy_(torch.relu(LAYER(x)))
+    reader.as_strided_(x.shape, (10, 1), 0)  # now over what the layer wrote
+    return reader + torch.tanh(x)
+
+
+@pytest.mark.parametrize("disguise", [output_frozen_by_a_write_beside_it, second_chunk, running_mean_of_momentum_one,
+                                      writer_emptied_after_its_write, reader_moved_onto_the_write])
+def test_a_layer_written_where_the_recorder_once_lost_it_is_read(disguise):
+    """A red team's disguises: an output whose node a later write froze, the second output of
+    a split, a batch norm's running mean (written, though its schema does not say so), the
+    view that wrote emptied before the base was read, and a view moved onto the write."""
+    sequence = ops(disguise, LAYER, shape=(4, 5))
+    assert HIDDEN | {"tanh"} <= set(sequence), sequence
+
+
+def written_but_not_returned(x):
+    low, high = torch.zeros(1), torch.zeros(1)
+    values = torch.relu(LAYER(x)).reshape(-1, 1)
+    # the observer's running minimum and maximum are written in place and not returned
+    torch.fused_moving_avg_obs_fake_quant(values, torch.ones(1, dtype=torch.long), torch.ones(1, dtype=torch.long),
+                                          low, high, torch.ones(1), torch.zeros(1, dtype=torch.int32), 1.0, 0, 255, 0)
+    return high * torch.tanh(x)
+
+
+def test_an_argument_an_op_writes_and_does_not_return_holds_its_write():
+    assert HIDDEN <= set(ops(written_but_not_returned, LAYER, shape=(4, 5)))
+
+
+def data_assigned(x):
+    y = x.clone()
+    y.data = torch.relu(LAYER(x))
+    return torch.tanh(y)
+
+
+def made_a_parameter(x):
+    return nn.Parameter(torch.relu(LAYER(x)), requires_grad=False) + torch.tanh(x)
+
+
+def as_a_subclass(x):
+    return torch.relu(LAYER(x)).as_subclass(torch.Tensor) + torch.tanh(x)
+
+
+def through_dlpack(x):
+    return torch.from_dlpack(torch.relu(LAYER(x))) + torch.tanh(x)
+
+
+def written_into_sparse_values(x):
+    sparse = torch.ones(x.shape).to_sparse()
+    sparse.values().copy_(torch.relu(LAYER(x)).reshape(-1))
+    return sparse.to_dense() + torch.tanh(x)
+
+
+@pytest.mark.parametrize("disguise", [data_assigned, made_a_parameter, as_a_subclass, through_dlpack,
+                                      written_into_sparse_values])
+def test_memory_reached_outside_torchs_ops_is_untraced(disguise):
+    """A tensor given an op's output where no op saw it (an assignment to .data, a new tensor
+    over its memory) or one whose writes lie in storages it does not show (sparse): the
+    recorder cannot follow the layer there, and the task is read as untraced."""
+    with pytest.raises(UntracedAliasing):
+        ops(disguise, LAYER, shape=(4, 5))
+
+
+def test_a_weight_made_a_view_of_another_outside_forward_is_no_alias_of_a_computed_value():
+    """Leaves sharing a storage (weights chunked in __init__) hold no op's output: fair to read."""
+    weight = torch.randn(10, 5)
+    first, second = weight.chunk(2)
+    assert ops(lambda x: x @ first.T + x @ second.T, shape=(4, 5)) == ["mm", "mm", "add"]
+
+
+def test_overlapping_views_past_what_a_trace_can_search_are_untraced():
+    """A red team's 8 views of pathological strides over one buffer, read after 150 one-element
+    writes, searched 18 s in one recording; past OVERLAP_RECORDING_STEPS it stops."""
+    def pathological(x):
+        buffer = torch.zeros(8000)
+        views = [buffer.as_strided([47, 45, 41, 31, 57], [39, 6, 77, 33, 21], 0) for _ in range(8)]
+        cell = buffer[5148:5149]
+        for _ in range(150):
+            cell.add_(x[0, :1])
+        return torch.stack([view[0, 0, 0, 0, :2] for view in views]) + x.sum()
+
+    began = time.perf_counter()
+    with pytest.raises(UntracedAliasing):
+        ops(pathological, shape=(4, 5))
+    assert time.perf_counter() - began < 5
+
+
+def test_a_thousand_slice_writes_read_back_are_read_in_time():
+    """Each slice is tested only against the writes within its reach: a loop of 1,000 slice
+    writes read back by a stack took 18 s."""
+    def slices(x):
+        out = torch.zeros(1000, x.shape[-1])
+        rows = [out[i] for i in range(1000)]
+        for i, row in enumerate(rows):
+            row.copy_(x[i % x.shape[0]] * 2 if i else LAYER(x)[0])
+        return torch.stack(rows).sum(0)
+
+    began = time.perf_counter()
+    assert {"mm", "add"} <= set(ops(slices, LAYER, shape=(4, 5)))
+    assert time.perf_counter() - began < 10
 
 
 def shared_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
