@@ -29,11 +29,20 @@ resumed run composes the same.
 """
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import hashlib
+import itertools
 import math
+import multiprocessing
+import os
+import pickle
 import random
+import warnings
 import zlib
 from collections import Counter
+
+import torch
 
 from operators.layouts import LAYOUTS, Layout, draw_sizes
 from operators.records import Candidate, OpSpec, Verdict, task_id
@@ -54,6 +63,9 @@ FEATURED_SCREENS = 4
 SAMPLINGS = ("layers", "uniform")
 GOLDEN = (math.sqrt(5) - 1) / 2  # the step of draw_op_count's low-discrepancy sequence
 COVERAGE_EVERY = 4  # every 4th candidate is built around the next op of the coverage order
+# A `compose_many` of this many jobs screens ahead in a pool of processes, whose start (torch
+# imported in each) costs seconds: a test's round of 20 composes serially.
+SCREEN_POOL_FROM = 128
 # The role of a lone op (KernelBench level 1 is mostly matmuls, convolutions, norms, reductions)
 # and of each place after a chain's anchor.
 SINGLE_ROLES = {ANCHOR: 0.5, NORMALISATION: 0.1, EPILOGUE: 0.2, REDUCTION: 0.15, LAYOUT: 0.05}
@@ -73,12 +85,18 @@ class TemplateComposer:
     def __init__(self, catalog: list[OpSpec], op_count_mix: dict[int, float] | None = None,
                  library_mix: dict[str, float] | None = None, sampling: str = "layers",
                  usage: dict[str, int] | None = None, drawn: frozenset[tuple[str, ...]] = frozenset(),
-                 numeric_screen: bool = True, checks_screen: bool = True):
+                 numeric_screen: bool = True, checks_screen: bool = True, screen_workers: int | None = None,
+                 screen_pool_from: int = SCREEN_POOL_FROM):
         """`usage`: calls of each op in real model code (operators/usage.py); none: all equal.
         `numeric_screen`: run each drawn chain once on the CPU and redraw one whose output the
         sandbox would reject as non-finite, huge or unstable; `checks_screen`: also run the
         sandbox's value checks on it there, and redraw one they reject (off: only to measure
-        them)."""
+        them). `screen_workers` processes (None: one per core) screen ahead for a
+        `compose_many` of `screen_pool_from` jobs or more (`_screen_ahead`)."""
+        self.arguments = dict(catalog=catalog, op_count_mix=op_count_mix, library_mix=library_mix, sampling=sampling,
+                              usage=usage, drawn=drawn, numeric_screen=numeric_screen, checks_screen=checks_screen)
+        self.screen_workers = screen_workers or os.cpu_count() or 1
+        self.screen_pool_from = screen_pool_from
         if not catalog:
             raise ValueError("the operator catalog is empty: crawl at least one library")
         if sampling not in SAMPLINGS:
@@ -97,12 +115,15 @@ class TemplateComposer:
         self.coverage_orders: dict[int, list[OpSpec]] = {}  # run seed -> its permutation of the catalog
         self.numeric_screen, self.checks_screen = numeric_screen, checks_screen
         self.screened: dict[bytes, str | None] = {}  # a chain's code (its hash) -> the screen's verdict
+        self.screens_run = 0  # chains this process screened (the rest came from `_screen_ahead`)
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list:
         """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits. Jobs
         are composed in order, and each holds back the op tuples the ones before it drew as
         well as earlier rounds' (`drawn`): a run composes a round in one call, so the round's
         candidates do not repeat each other."""
+        if (self.numeric_screen or self.checks_screen) and self.screen_workers > 1 and len(jobs) >= self.screen_pool_from:
+            self._screen_ahead(jobs, run_seed)
         results = []
         drawn = set(self.drawn)
         for job in jobs:
@@ -114,6 +135,20 @@ class TemplateComposer:
                                         {"index": job["index"]})
                 results.append((placeholder, Verdict(placeholder.id, "compose", False, "compose_failed", str(failure))))
         return results
+
+    def _screen_ahead(self, jobs: list[dict], run_seed: int) -> None:
+        """Fill the screens' cache in parallel: `screen_workers` processes compose the jobs
+        each on its own, holding back earlier rounds' op tuples but not the round's, and send
+        back the verdicts they screened. The serial pass after it draws the same chains but
+        where a round's own candidates repeat one another, and finds them screened:
+        composition stays a pure function of the same arguments, and its CPU runs (75 ms a
+        candidate here, 30 s a round of 512) are spread over every core."""
+        pool = _screening_pool({**self.arguments, "drawn": frozenset()}, min(self.screen_workers, len(jobs)))
+        chunk = max(1, len(jobs) // (4 * self.screen_workers))
+        indexes = [job["index"] for job in jobs]
+        for verdicts in pool.map(_screened_by_composing, indexes, itertools.repeat(run_seed),
+                                 itertools.repeat(self.drawn), chunksize=chunk):
+            self.screened.update(verdicts)
 
     def compose(self, index: int, run_seed: int, drawn: frozenset[tuple[str, ...]] | None = None) -> Candidate:
         """Candidate `index` of the run seeded `run_seed`; `drawn`: the op tuples it draws
@@ -159,6 +194,7 @@ class TemplateComposer:
             sensitive = self.numeric_screen and any(numerically_sensitive(bound.spec.name) for bound in chain)
             fault = screen(chain, layout) if sensitive else None
             self.screened[key] = fault or (checks_fault(code) if self.checks_screen else None)
+            self.screens_run += 1
         if self.screened[key]:
             faults.append(f"{' + '.join(bound.spec.name for bound in chain)}: {self.screened[key]}")
         return bool(self.screened[key])
@@ -316,6 +352,49 @@ def make_way(name: str, roles: list[str], position: int) -> tuple[list[str], int
         return roles, position
     grown = roles[:position] + [EPILOGUE] + roles[position:]
     return grown[:max(len(roles), position + 2)], position + 1
+
+
+# The screening processes of `_screen_ahead`, kept from round to round (each one imports torch
+# and receives the catalog: seconds), for the composer arguments they were started with.
+_pool: tuple[bytes, int, concurrent.futures.ProcessPoolExecutor] | None = None
+_worker_composer: TemplateComposer | None = None  # in a screening process
+
+
+def _screening_pool(arguments: dict, workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    global _pool
+    key = hashlib.sha256(pickle.dumps(arguments)).digest()
+    if _pool is not None and _pool[:2] == (key, workers):
+        return _pool[2]
+    _stop_screening()
+    context = multiprocessing.get_context("spawn")  # the caller may hold threads: a fork could copy a held lock
+    _pool = (key, workers, concurrent.futures.ProcessPoolExecutor(workers, context, initializer=_start_screening,
+                                                                  initargs=(arguments,)))
+    return _pool[2]
+
+
+@atexit.register
+def _stop_screening() -> None:
+    global _pool
+    if _pool is not None:
+        _pool[2].shutdown(cancel_futures=True)
+        _pool = None
+
+
+def _start_screening(arguments: dict) -> None:
+    global _worker_composer
+    torch.set_num_threads(1)  # one process per core
+    warnings.filterwarnings("ignore")
+    _worker_composer = TemplateComposer(**arguments, screen_workers=1)
+
+
+def _screened_by_composing(index: int, run_seed: int, drawn: frozenset) -> dict:
+    """The screens' verdicts composing candidate `index` took (the process's cache's new entries)."""
+    known = len(_worker_composer.screened)
+    try:
+        _worker_composer.compose(index, run_seed, drawn)
+    except CompositionFailed:
+        pass
+    return dict(itertools.islice(_worker_composer.screened.items(), known, None))
 
 
 def _draw(rng: random.Random, mix: dict[str, float]) -> str:

@@ -14,6 +14,7 @@
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
 #   bash tests/benchmarks/h200.sh cudastart                     # what starting CUDA costs a child, alone and 2-16 at once
 #   bash tests/benchmarks/h200.sh compile [CANDIDATES] [PARALLEL] # the compile check's torch.compile, autotuned or not
+#   bash tests/benchmarks/h200.sh screenpool [JOBS]              # a round composed serially and screened ahead on every core
 #   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 #   bash tests/benchmarks/h200.sh scale [TASKS]                 # cold and cached crawl on every core; opsynth dedupe on 2 cores
 #   bash tests/benchmarks/h200.sh gputrace [ROWS|none|attack|in-full] # the trace on the checks' device: the attack, fairness on KernelBench and ROWS
@@ -162,6 +163,10 @@ fi
 if [ "$STAGE" = compile ]; then
     timeout 560 python3 -m tests.benchmarks.bench_compile .bench/cands --candidates "${1:-64}" --parallel "${2:-16}" \
         --device cuda 2>&1 | grep -v "^WARNING" | tail -8
+    exit 0
+fi
+if [ "$STAGE" = screenpool ]; then
+    timeout 560 python3 -m tests.benchmarks.bench_screen_pool --jobs "${1:-512}" --torch-only 2>&1 | grep -v "^WARNING" | tail -3
     exit 0
 fi
 if [ "$STAGE" = warmup ]; then
