@@ -99,6 +99,15 @@ class UntracedAliasing(ValueError):
     kernel task is made of needs them, and the task is read as untraced."""
 
 
+class TraceTooLong(ValueError):
+    """A reading with more to compare than a trace has time for (the task is untraced)."""
+
+
+# Contractions one reading may try (`_Equivalences._tested`); the most any of 512 benchmark
+# candidates tried is in docs/decontamination.md.
+CONTRACTION_TESTS = 20_000
+
+
 def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | None = None,
                        spread=None) -> tuple[list[str], list[str]]:
     """(op_graph's sequence, the ops it leaves unspelled): the named ops the outputs depend
@@ -303,7 +312,10 @@ class _Recorder(TorchDispatchMode):
         self.writes_read: dict[int, int] = {}  # tensor -> how many of its storage's writes its node holds
         self.unfrozen: dict[int, list] = {}  # storage -> the nodes whose value is a tensor on it
         self.views: dict[int, _View] = {}  # tensor -> where it lay in memory when last seen
-        self.computed: dict[int, tuple[int, int]] = {}  # storage an op allocated or wrote -> its bytes in memory
+        self.memory: dict[int, tuple[int, int]] = {}  # storage seen -> the bytes it holds in memory
+        self.computed: set[int] = set()  # storages an op allocated or wrote
+        self.input_storages = {_storage(tensor) for tensor in variables}
+        self.scalars_taken = False  # a value of the inputs taken out into a Python number (`_taken_out`)
         self.overlap_budget = _Budget(OVERLAP_RECORDING_STEPS)
         for tensor in variables:
             self._seen(tensor, _Op(None, (), [], tensor, True))
@@ -323,6 +335,7 @@ class _Recorder(TorchDispatchMode):
                 return result
         read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         made = {id(t): self._maker(t) for t in read}
+        self._taken_out(func, [made[id(t)] for t in read])
         written = _written(func, args, kwargs)
         placed = {id(t): _View.of(t) for t in written}
         if written:  # an in-place op: what the ops before it made must keep its value
@@ -359,12 +372,25 @@ class _Recorder(TorchDispatchMode):
         self.alive.extend(read)
         return out
 
+    def _taken_out(self, func, read: list) -> None:
+        """A tensor built from Python data (`torch.tensor(...)`) after an element of a value of
+        the inputs was taken out (a number, or a 0-d tensor by indexing or iterating) may be
+        that value where no op saw it: a red team rebuilt a Linear's output with
+        `torch.tensor([[v for v in row] for row in h])`, whose elements torch reads without an op."""
+        name = func._schema.name.split("::")[-1]
+        if name in ELEMENTS_OUT and any(node.variable for node in read):
+            self.scalars_taken = True
+        elif name.startswith("lift_fresh") and self.scalars_taken:
+            raise UntracedAliasing("a tensor built from Python data after elements of the inputs' values were taken out")
+
     def _seen(self, tensor: torch.Tensor, node: _Op) -> None:
         self.made_by[id(tensor)] = node
         self.alive.append(tensor)
         key = _storage(tensor)
         self.views[id(tensor)] = _View.of(tensor)
         self.writes_read[id(tensor)] = len(self.writes.get(key, ()))
+        if key is not None and tensor.device.type != "meta":
+            self.memory[key] = _memory(tensor)
         if node.value is tensor and key is not None:
             self.unfrozen.setdefault(key, []).append(node)
 
@@ -372,8 +398,7 @@ class _Recorder(TorchDispatchMode):
         """Mark the memory an op wrote `tensor` into (`_leaf`)."""
         key = _storage(tensor)
         if key is not None and tensor.device.type != "meta":
-            storage = tensor.untyped_storage()
-            self.computed[key] = (storage.data_ptr(), storage.data_ptr() + storage.nbytes())
+            self.computed.add(key)
 
     def _maker(self, tensor) -> _Op:
         """The op that made `tensor`, or the leaf it is (made a leaf the first time it is read),
@@ -403,20 +428,25 @@ class _Recorder(TorchDispatchMode):
         return self.made_by[id(tensor)]
 
     def _leaf(self, tensor: torch.Tensor) -> None:
-        """A tensor no op made: a weight, a buffer, a constant. One over memory that an op made
-        or wrote is that op's output under another name, made where no op saw it."""
-        storage = tensor.untyped_storage()
-        first, last = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-        if tensor.device.type != "meta" and storage.nbytes() and any(first < end and start < last for start, end in self.computed.values()):
-            raise UntracedAliasing("a tensor made outside torch's ops over memory an op wrote "
-                                   "(nn.Parameter, as_subclass or from_dlpack of a computed tensor)")
+        """A tensor no op made: a weight, a buffer, a constant. One over memory another
+        storage seen holds, or over the storage of a model input or of what an op made or
+        wrote, is that tensor under another name, made where no op saw it (`nn.Parameter(h)`,
+        `h.as_subclass`, `torch.from_dlpack(x)`, two `torch.frombuffer` of one buffer).
+        Leaves of one storage (weights chunked in __init__) are leaves."""
+        key = _storage(tensor)
+        if tensor.device.type != "meta" and key is not None:
+            first, last = _memory(tensor)
+            if key in self.computed or key in self.input_storages or any(
+                    other != key and first < end and start < last for other, (start, end) in self.memory.items()):
+                raise UntracedAliasing("a tensor made outside torch's ops over memory another tensor holds "
+                                       "(nn.Parameter, as_subclass, from_dlpack or frombuffer of it)")
         self._seen(tensor, _Op(None, (), [], tensor, False))
 
     def read_at_the_end(self, outputs: list) -> None:
-        """Join the outputs with the writes into them since they were last read, as a read would."""
+        """Join the outputs with the writes into them since they were last read, as a read
+        would; an output no op saw is a leaf, refused over memory another tensor holds."""
         for tensor in outputs:
-            if id(tensor) in self.made_by:
-                self._maker(tensor)
+            self._maker(tensor)
 
     def reaching(self, outputs: list) -> list[_Op]:
         """The recorded ops the outputs depend on, in the order they ran: the rest (a
@@ -440,20 +470,24 @@ def _strided(tensors: list) -> None:
 # Arguments an op writes that its schema does not mark: batch norm in training updates its
 # running statistics in place (`Tensor? running_mean`), and a red team read a Linear's output
 # back out of a running mean of momentum 1.
+# Ops that take an element out of a tensor: a number, or (indexing, iterating) a 0-d tensor
+ELEMENTS_OUT = frozenset({"_local_scalar_dense", "select", "unbind", "item"})
 RUNNING_STATISTICS = ("running_mean", "running_var")
+STATISTICS_UPDATES = frozenset({"batch_norm_update_stats"})  # write them with no `training` argument
 
 
 def _written(func, args, kwargs) -> list:
-    """The tensors an op writes: its arguments the schema marks as written, and a batch
-    norm's running statistics while it trains."""
+    """The tensors an op writes: its arguments the schema marks as written (lists of them
+    too), and a batch norm's running statistics while it trains."""
     schema = func._schema
     named = {argument.name: args[index] if index < len(args) else kwargs.get(argument.name)
              for index, argument in enumerate(schema.arguments)}
     written = [named[argument.name] for argument in schema.arguments
                if argument.alias_info is not None and argument.alias_info.is_write]
-    if named.get("training") is True:
+    if named.get("training") is True or schema.name.split("::")[-1] in STATISTICS_UPDATES:
         written += [named.get(name) for name in RUNNING_STATISTICS]
-    return list({id(t): t for t in written if isinstance(t, torch.Tensor)}.values())
+    flat = [t for value in written for t in (value if isinstance(value, (list, tuple)) else [value])]
+    return list({id(t): t for t in flat if isinstance(t, torch.Tensor)}.values())
 
 
 def _freeze(node: _Op) -> None:
@@ -476,6 +510,12 @@ def _storage(tensor: torch.Tensor) -> int | None:
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, AttributeError):  # a tensor with no storage of its own
         return None
+
+
+def _memory(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes of memory `tensor`'s storage holds: [first, past the last)."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
 
 
 @dataclass(frozen=True)
@@ -505,6 +545,13 @@ class _View:
         spread = sum((size - 1) * stride for size, stride in zip(self.shape, self.stride))
         return self.offset, self.offset + spread
 
+    def bytes(self) -> tuple[int, int]:
+        """The first and last byte of the storage it reads: views of one storage in other
+        dtypes count elements in other units (a red team read a float32 write through an
+        earlier float64 view)."""
+        first, last = self.extent()
+        return first * self.element_size, (last + 1) * self.element_size - 1
+
 
 class _Writes:
     """One storage's writes, in the order they ran: (op, where it wrote), and the extent of
@@ -520,7 +567,7 @@ class _Writes:
         return len(self.ops)
 
     def add(self, op: _Op, view: _View) -> None:
-        first, last = view.extent()
+        first, last = view.bytes()
         self.ops.append(op)
         self.views.append(view)
         self.firsts.append(first)
@@ -528,7 +575,7 @@ class _Writes:
 
     def meeting(self, view: _View, since: int, budget: "_Budget") -> list:
         """The ops of the writes from the `since`-th on that share an element with `view`."""
-        first, last = view.extent()
+        first, last = view.bytes()
         firsts = numpy.frombuffer(self.firsts, dtype=numpy.int64)[since:]
         lasts = numpy.frombuffer(self.lasts, dtype=numpy.int64)[since:]
         near = numpy.flatnonzero((firsts <= last) & (lasts >= first)) + since
@@ -882,6 +929,7 @@ class _Equivalences:
 
     def __init__(self, recorder: _Recorder):
         self.ops, self.made_by = recorder.ops, recorder.made_by
+        self.contraction_tests = 0
         self.alias: dict = {}  # op -> the earlier node whose value it is
         self.named: dict = {}  # op -> the names it stands for
         self.inputs: dict = {op: list(op.inputs) + [leaf for leaf in op.leaves if leaf.variable] for op in self.ops}
@@ -1216,6 +1264,14 @@ class _Equivalences:
                 return found
         return self._convolution(op, window, weights) if op.value.dim() == 4 else None
 
+    def _tested(self) -> None:
+        """Count one contraction tried (a value against a weight, or a convolution's
+        settings): past CONTRACTION_TESTS in one reading, the task is untraced. A red team's
+        250 adds of 40 constant weights tried 1.2 million, and took 14 s to read."""
+        self.contraction_tests += 1
+        if self.contraction_tests > CONTRACTION_TESTS:
+            raise TraceTooLong(f"more than {CONTRACTION_TESTS} contractions to try")
+
     def _depends_on(self, op, ndim: int) -> list:
         """The constants (weights, and what is made of them) and model inputs `op` depends on
         with at least `ndim` dimensions (exactly 1 for `ndim` 1: a bias): a product of two
@@ -1244,6 +1300,7 @@ class _Equivalences:
                 for b in (w, w.mT):
                     if a.shape[-1] != b.shape[-2] or _matmul_shape(a, b) != tuple(target.shape):
                         continue
+                    self._tested()
                     rows, columns = slice(0, 3), slice(0, 16)  # a corner first: a weight can be 8192 x 8192
                     if close(a[..., :1, :] @ b[..., columns], target[..., :1, columns], 1e-3) \
                             and close(a[..., rows, :] @ b, target[..., rows, :], 1e-3) \
@@ -1261,6 +1318,7 @@ class _Equivalences:
                 if x.shape[1] % w.shape[1]:
                     continue
                 for stride, padding, dilation in _conv_settings(x, w, target):
+                    self._tested()
                     groups = x.shape[1] // w.shape[1]
                     if groups == 1 and not close(F.conv2d(x[:1], w[:1], None, stride, padding, dilation),
                                                  target[:1, :1] - (target[:1, :1] - F.conv2d(
