@@ -30,10 +30,10 @@ def resolve_device(requested: str) -> tuple[str, list[int]]:
 
 
 MIN_WORKER_GPU_GB = 6.0  # the smallest share of a GPU's memory a default worker gets
-# On the H200 (16 cores) 16 workers waited 4,614 s at the gate per 512 candidates and accepted
-# no more than 8 (docs/sandbox.md: with an older, GPU-hungrier re-sizing); until 16 are
-# measured to gain, a GPU takes at most 8 by default.
-MAX_WORKERS_PER_GPU = 8
+# On the H200 (16 cores), on one machine start, the same 512 screened candidates: 16 workers
+# 4,037 accepted/h steady, 8 workers 3,219 (session 23; +8% in session 18). 24 lost to 16
+# (more workers than cores: CUDA starts queue, memory reruns). docs/sandbox.md, section 6.
+MAX_WORKERS_PER_GPU = 16
 
 
 def default_workers(device: str, gpus: list[int], beam_args: list[str] = ()) -> int:
