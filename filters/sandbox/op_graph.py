@@ -315,7 +315,7 @@ class _Recorder(TorchDispatchMode):
         self.memory: dict[int, tuple[int, int]] = {}  # storage seen -> the bytes it holds in memory
         self.computed: set[int] = set()  # storages an op allocated or wrote
         self.input_storages = {_storage(tensor) for tensor in variables}
-        self.scalars_taken = False  # a value of the inputs taken out into a Python number (`_taken_out`)
+        self.scalars_taken = False  # an element of a varying value taken out (`_taken_out`)
         self.overlap_budget = _Budget(OVERLAP_RECORDING_STEPS)
         for tensor in variables:
             self._seen(tensor, _Op(None, (), [], tensor, True))
@@ -467,11 +467,11 @@ def _strided(tensors: list) -> None:
             raise UntracedAliasing(f"a tensor of layout {tensor.layout}: its writes lie in storages it does not show")
 
 
+# Ops that take an element out of a tensor: a number, or (indexing, iterating) a 0-d tensor
+ELEMENTS_OUT = frozenset({"_local_scalar_dense", "select", "unbind", "item"})
 # Arguments an op writes that its schema does not mark: batch norm in training updates its
 # running statistics in place (`Tensor? running_mean`), and a red team read a Linear's output
 # back out of a running mean of momentum 1.
-# Ops that take an element out of a tensor: a number, or (indexing, iterating) a 0-d tensor
-ELEMENTS_OUT = frozenset({"_local_scalar_dense", "select", "unbind", "item"})
 RUNNING_STATISTICS = ("running_mean", "running_var")
 STATISTICS_UPDATES = frozenset({"batch_norm_update_stats"})  # write them with no `training` argument
 

@@ -143,7 +143,7 @@ class TemplateComposer:
         where a round's own candidates repeat one another, and finds them screened:
         composition stays a pure function of the same arguments, and its CPU runs (75 ms a
         candidate here, 30 s a round of 512) are spread over every core."""
-        pool = _screening_pool({**self.arguments, "drawn": frozenset()}, min(self.screen_workers, len(jobs)))
+        pool = _screening_pool({**self.arguments, "drawn": frozenset()}, self.screen_workers)
         chunk = max(1, len(jobs) // (4 * self.screen_workers))
         indexes = [job["index"] for job in jobs]
         for verdicts in pool.map(_screened_by_composing, indexes, itertools.repeat(run_seed),
