@@ -242,7 +242,8 @@ def _read_on(code: str, checks: ChecksDevice, untrusted: bool) -> tuple[str, lis
     model, inputs = _built(code, checks.device, checks.seed)
     torch.manual_seed(int.from_bytes(os.urandom(8), "little") if untrusted else GENERIC_SEED)
     generic = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-    graph, unspelled = op_graph_and_drops(model, inputs, generic, spread=_generic_weights)
+    graph, unspelled = op_graph_and_drops(model, inputs, generic, spread=_generic_weights,
+                                          python_may_read_values=not untrusted)
     return " ".join(graph)[:MAX_OP_GRAPH], unspelled
 
 

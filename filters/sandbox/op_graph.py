@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import array
 import functools
+import hashlib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ LAYOUT_ONLY = frozenset({
     "view", "unsafe_view", "reshape", "expand", "expand_as", "clone", "contiguous", "detach", "alias",
     "lift_fresh_copy", "lift_fresh", "to_copy", "to", "t", "transpose", "permute", "squeeze", "unsqueeze", "flatten",
     "unflatten", "view_as", "reshape_as", "empty", "empty_like", "zeros_like", "ones_like", "full_like", "copy",
-    "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "getitem", "type_as", "movedim", "as_strided",
+    "slice", "select", "split", "split_with_sizes", "chunk", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",
+    "unbind", "getitem", "type_as", "movedim", "as_strided",
     "resolve_conj", "resolve_neg", "dropout", "feature_dropout", "alpha_dropout", "identity", "scalar_tensor",
     "broadcast_in_dim", "full", "zeros", "ones", "empty_strided", "convert_element_type", "squeeze_copy",
     "unsqueeze_copy", "view_copy", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "new_zeros",
@@ -99,6 +101,13 @@ class UntracedAliasing(ValueError):
     kernel task is made of needs them, and the task is read as untraced."""
 
 
+class ValuesThroughPython(ValueError):
+    """A task's Python data (an op's numbers, shapes and flags, a tensor made from Python
+    values) changed with the values of its inputs: they left torch and came back where no op
+    links them. A red team rebuilt a Linear's output from `float(h[i, j])` into `torch.full`,
+    and from `str(h)` parsed back; each read as a constant, and the layer was gone."""
+
+
 class TraceTooLong(ValueError):
     """A reading with more to compare than a trace has time for (the task is untraced)."""
 
@@ -109,7 +118,7 @@ CONTRACTION_TESTS = 20_000
 
 
 def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | None = None,
-                       spread=None) -> tuple[list[str], list[str]]:
+                       spread=None, python_may_read_values: bool = False) -> tuple[list[str], list[str]]:
     """(op_graph's sequence, the ops it leaves unspelled): the named ops the outputs depend
     on that the sequence does not spell as themselves, because a value was equal to an
     earlier one or the same whatever the inputs, or because the op was read as part of a
@@ -123,7 +132,9 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
     `relu(x.min())` is zero on signed inputs, `relu(w.min() - 0.99)` of a weight of ones is
     zero once spread, and a gate of `sigmoid(6 x.min())` is small enough on them for a
     composite to take the layer in. Where each reading leaves unspelled an op the other
-    spells, or the task runs other ops on the generic values: ReadingsDisagree."""
+    spells, or the task runs other ops on the generic values: ReadingsDisagree. Where its
+    Python data differs between the readings, ValuesThroughPython, unless
+    `python_may_read_values` (a reference task: nothing it could gain by hiding an op)."""
     own = _Reading(model, inputs)
     if own.symbolic or (generic is None and spread is None):
         return own.sequence, own.unspelled_names
@@ -135,6 +146,9 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
         # team's ran other ops on signed inputs, and its own draw, recognised by a literal of
         # its first element, hid its GEMM
         raise ReadingsDisagree("it runs other ops on other values of its inputs")
+    if not python_may_read_values and generic is not None and own.python_data != other.python_data:
+        raise ValuesThroughPython("an op's Python arguments, or a tensor made from Python values, changed with the "
+                                  "values of its inputs")
     if own.constant != other.constant:  # the reading on which the outputs vary reads what the task computes
         varying = other if own.constant else own
         return varying.sequence, varying.unspelled_names
@@ -153,6 +167,7 @@ class _Reading:
     def __init__(self, model: torch.nn.Module, inputs: list):
         recorder, outputs = _recorded(model, inputs)
         self.targets = [op.target for op in recorder.ops]
+        self.python_data = recorder.python_data
         self.symbolic = not outputs or any(t.device.type == "meta" for t in outputs)
         self.constant = False
         if self.symbolic:
@@ -205,7 +220,7 @@ def _in_place_of(value: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
 
 def _recorded(model: torch.nn.Module, inputs: list, replace: dict | None = None) -> tuple["_Recorder", list]:
     variables = [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
-    recorder = _Recorder(variables=variables, replace=replace)
+    recorder = _Recorder(variables=variables, replace=replace, weights=[*model.parameters(), *model.buffers()])
     with torch.no_grad(), recorder:
         out = model(*inputs)
     outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -296,7 +311,8 @@ class _Recorder(TorchDispatchMode):
     recorded) as the ops it is made of: "all" the way down, or only the "outer" one (the
     composites it calls are recorded)."""
 
-    def __init__(self, decompose: str | None = None, variables: list = (), replace: dict | None = None):
+    def __init__(self, decompose: str | None = None, variables: list = (), replace: dict | None = None,
+                 weights: list = ()):
         super().__init__()
         self.decompose, self.decomposing = decompose, False
         self.replace = replace or {}  # op position -> the value its op returns instead (`_aliases_hold`)
@@ -315,7 +331,12 @@ class _Recorder(TorchDispatchMode):
         self.memory: dict[int, tuple[int, int]] = {}  # storage seen -> the bytes it holds in memory
         self.computed: set[int] = set()  # storages an op allocated or wrote
         self.input_storages = {_storage(tensor) for tensor in variables}
-        self.scalars_taken = False  # an element of a varying value taken out (`_taken_out`)
+        # What came into the recorded ops from Python, in order: each op's arguments other than
+        # tensors, and the bytes of each tensor made outside the ops (`_leaf`) that is not on a
+        # weight's or buffer's storage (`weights`: a reading with others gives them a spread).
+        # Two readings on other inputs must agree on it (op_graph_and_drops).
+        self.python_data: list = []
+        self.weight_storages = {_storage(tensor) for tensor in weights}
         self.overlap_budget = _Budget(OVERLAP_RECORDING_STEPS)
         for tensor in variables:
             self._seen(tensor, _Op(None, (), [], tensor, True))
@@ -335,7 +356,7 @@ class _Recorder(TorchDispatchMode):
                 return result
         read = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         made = {id(t): self._maker(t) for t in read}
-        self._taken_out(func, [made[id(t)] for t in read])
+        self._python_arguments(args, kwargs)
         written = _written(func, args, kwargs)
         placed = {id(t): _View.of(t) for t in written}
         if written:  # an in-place op: what the ops before it made must keep its value
@@ -345,6 +366,7 @@ class _Recorder(TorchDispatchMode):
                 for node in self.unfrozen.pop(_storage(tensor), ()):
                     _freeze(node)
         out = func(*args, **kwargs)
+        self._python_results(out)
         if len(self.ops) in self.replace and isinstance(out, torch.Tensor):
             out.copy_(self.replace[len(self.ops)])  # into the op's own tensor: strides kept (a later view reads them)
         inputs = [made[id(t)] for t in read]
@@ -372,16 +394,25 @@ class _Recorder(TorchDispatchMode):
         self.alive.extend(read)
         return out
 
-    def _taken_out(self, func, read: list) -> None:
-        """A tensor built from Python data (`torch.tensor(...)`) after an element of a value of
-        the inputs was taken out (a number, or a 0-d tensor by indexing or iterating) may be
-        that value where no op saw it: a red team rebuilt a Linear's output with
-        `torch.tensor([[v for v in row] for row in h])`, whose elements torch reads without an op."""
-        name = func._schema.name.split("::")[-1]
-        if name in ELEMENTS_OUT and any(node.variable for node in read):
-            self.scalars_taken = True
-        elif name.startswith("lift_fresh") and self.scalars_taken:
-            raise UntracedAliasing("a tensor built from Python data after elements of the inputs' values were taken out")
+    def _python_arguments(self, args, kwargs) -> None:
+        """Log what an op is given other than tensors. A storage object refuses the task: a
+        tensor set onto one (`t.set_(h.untyped_storage())`) holds another's memory where no
+        op links them."""
+        values = []
+        for value in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):
+                raise UntracedAliasing("an op given a storage object: a tensor over another's memory, unlinked")
+            if not isinstance(value, torch.Tensor):
+                values.append("nan" if isinstance(value, float) and math.isnan(value) else value)
+        self.python_data.append(tuple(values))
+
+    def _python_results(self, out) -> None:
+        """Log what an op hands Python: its numbers (`_local_scalar_dense`: `table[h_byte]`
+        indexes a list by one) and its tensors' shapes (`nonzero(...).shape[0]` counts).
+        A red team picked a tensor from a list by each byte of a layer's output."""
+        self.python_data.append(tuple(value.shape if isinstance(value, torch.Tensor) else
+                                      "nan" if isinstance(value, float) and math.isnan(value) else value
+                                      for value in torch.utils._pytree.tree_leaves(out)))
 
     def _seen(self, tensor: torch.Tensor, node: _Op) -> None:
         self.made_by[id(tensor)] = node
@@ -440,6 +471,8 @@ class _Recorder(TorchDispatchMode):
                     other != key and first < end and start < last for other, (start, end) in self.memory.items()):
                 raise UntracedAliasing("a tensor made outside torch's ops over memory another tensor holds "
                                        "(nn.Parameter, as_subclass, from_dlpack or frombuffer of it)")
+            if key not in self.weight_storages:
+                self.python_data.append(_fingerprint(tensor))
         self._seen(tensor, _Op(None, (), [], tensor, False))
 
     def read_at_the_end(self, outputs: list) -> None:
@@ -467,8 +500,6 @@ def _strided(tensors: list) -> None:
             raise UntracedAliasing(f"a tensor of layout {tensor.layout}: its writes lie in storages it does not show")
 
 
-# Ops that take an element out of a tensor: a number, or (indexing, iterating) a 0-d tensor
-ELEMENTS_OUT = frozenset({"_local_scalar_dense", "select", "unbind", "item"})
 # Arguments an op writes that its schema does not mark: batch norm in training updates its
 # running statistics in place (`Tensor? running_mean`), and a red team read a Linear's output
 # back out of a running mean of momentum 1.
@@ -510,6 +541,12 @@ def _storage(tensor: torch.Tensor) -> int | None:
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, AttributeError):  # a tensor with no storage of its own
         return None
+
+
+def _fingerprint(tensor: torch.Tensor) -> tuple:
+    """A tensor's shape, dtype and a digest of its bytes."""
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return tuple(tensor.shape), tensor.dtype, hashlib.blake2b(data.tobytes(), digest_size=16).digest()
 
 
 def _memory(tensor: torch.Tensor) -> tuple[int, int]:
@@ -1400,10 +1437,14 @@ def _dim_tests(target: torch.Tensor) -> list:
             tests.append(("softmax", lambda source, dim=dim: close(torch.softmax(source, dim), target)))
         if abs(float(torch.logsumexp(fibre, 0))) < 1e-4 and _normalised(target, (dim,), 0, "log_softmax"):
             tests.append(("log_softmax", lambda source, dim=dim: close(torch.log_softmax(source, dim), target)))
-    for dims, groups in _norm_dims(target):
-        if _normalised(_group_view(target, groups) if groups else target, (2,) if groups else dims, 0, "norm"):
-            tests.append((norm_name(target.dim(), dims, groups),
-                          lambda source, dims=dims, groups=groups: _is_norm_of(source, target, dims, groups)))
+    normalised = [(dims, groups) for dims, groups in _norm_dims(target)
+                  if _normalised(_group_view(target, groups) if groups else target, (2,) if groups else dims, 0, "norm")]
+    # a norm in g groups looks normalised in every count that divides g as well: the finest
+    # are tried (a red team's sign pattern looked normalised in all 120 of its counts)
+    grouped = sorted((found for found in normalised if found[1]), key=lambda found: -found[1])
+    for dims, groups in [found for found in normalised if not found[1]] + grouped[:GROUP_COUNTS_TRIED]:
+        tests.append((norm_name(target.dim(), dims, groups),
+                      lambda source, dims=dims, groups=groups: _is_norm_of(source, target, dims, groups)))
     return tests
 
 
@@ -1458,6 +1499,7 @@ def _group_view(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.reshape(x.shape[0], groups, -1)
 
 
+GROUP_COUNTS_TRIED = 3
 MAX_EPS = 1e-2  # the largest eps a normalisation is taken to add to the variance
 
 

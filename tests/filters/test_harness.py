@@ -548,14 +548,17 @@ def test_a_data_dependent_op_does_not_hide_a_branch_on_the_batch_from_the_trace(
     """The red team's answer to the test above: a masked_select in both branches, so that the
     meta device cannot run the task at either size and the comparison was skipped. The trace
     read the decoy again. A comparison that cannot run now sends the trace to the task's own
-    sizes, on real tensors."""
+    sizes, on real tensors; and the count masked_select hands Python (its output's shape)
+    changes with the values, so both tasks are untraced (ValuesThroughPython), never read
+    as the decoy."""
     linear = "self.linear = nn.Linear(features, features)"
     picked = " + x.masked_select(x > 0.5).sum()"
     decoy = make_task("if x.shape[0] > 4:\n    return torch.relu(self.linear(x)) * 2.0" + picked + "\n"
                       "return torch.cumsum(torch.tanh(x), dim=1) + torch.sigmoid(x)" + picked, init=linear)
     honest = make_task("return torch.relu(self.linear(x)) * 2.0" + picked, init=linear)
-    graph = harness.trace(decoy)
-    assert graph == harness.trace(honest) and "relu" in graph and "cumsum" not in graph, graph
+    assert harness.trace(decoy) is None and harness.trace(honest) is None
+    steady = make_task("return torch.relu(self.linear(x)) * 2.0 + x.sum()", init=linear)
+    assert "relu" in harness.trace(steady)  # the same layer with a count that does not vary
 
 
 def test_a_cpu_build_draws_the_values_torch_manual_seed_gave_it():

@@ -2,6 +2,7 @@
 Our own small modules, recorded in this process: on real CPU tensors (values: what a run of
 ops computes is compared with what came before it) and on the meta device (spelling only)."""
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,9 @@ import torch.nn.functional as F
 
 from filters.sandbox.harness import trace
 from filters.sandbox.resize import small_problem
-from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, OVERLAP_SEARCH_NODES, TraceTooLong, UntracedAliasing, _apart,
-                                     _apart_values, _matmul_shape, _offsets_meet, _overlap, close, op_graph,
-                                     op_graph_and_drops)
+from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, GROUP_COUNTS_TRIED, OVERLAP_SEARCH_NODES, TraceTooLong,
+                                     UntracedAliasing, ValuesThroughPython, _apart, _apart_values, _dim_tests,
+                                     _matmul_shape, _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
 from filters.sandbox.static_check import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
@@ -389,19 +390,94 @@ def input_made_again(x):
     return torch.relu(LAYER(x.as_subclass(torch.Tensor))) + torch.tanh(x)
 
 
-def elements_taken_out(x):
-    return torch.tensor([[value for value in row] for row in torch.relu(LAYER(x))]) + torch.tanh(x)
+def set_onto_its_storage(x):
+    h = torch.relu(LAYER(x))
+    return torch.empty(0).set_(h.untyped_storage(), h.storage_offset(), h.shape, h.stride()) + torch.tanh(x)
 
 
 @pytest.mark.parametrize("disguise", [data_assigned, made_a_parameter, as_a_subclass, through_dlpack,
                                       written_into_sparse_values, one_buffer_twice, output_made_outside,
-                                      input_made_again, elements_taken_out])
+                                      input_made_again, set_onto_its_storage])
 def test_memory_reached_outside_torchs_ops_is_untraced(disguise):
     """A tensor given an op's output where no op saw it (an assignment to .data, a new tensor
-    over its memory) or one whose writes lie in storages it does not show (sparse): the
-    recorder cannot follow the layer there, and the task is read as untraced."""
+    over its memory, one set onto its storage) or one whose writes lie in storages it does not
+    show (sparse): the recorder cannot follow the layer there, and the task is read as untraced."""
     with pytest.raises(UntracedAliasing):
         ops(disguise, LAYER, shape=(4, 5))
+
+
+def read_on_two_draws(body, *modules, shape=(4, 5)) -> list[str]:
+    """op_graph_and_drops as the harness reads an untrusted task: on its inputs and on others."""
+    torch.manual_seed(0)
+    return op_graph_and_drops(Call(body, *modules).eval(), [torch.randn(*shape)], [torch.randn(*shape)])[0]
+
+
+def elements_taken_out(x):
+    return torch.tensor([[value for value in row] for row in torch.relu(LAYER(x))]) + torch.tanh(x)
+
+
+def numbers_filled_in(x):
+    h, out = torch.relu(LAYER(x)), torch.empty(x.shape)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[i, j].fill_(float(h[i, j]))
+    return out + torch.tanh(x)
+
+
+def numbers_as_full_tensors(x):
+    h = torch.relu(LAYER(x))
+    return torch.stack([torch.full((x.shape[1],), float(h[i].sum())) for i in range(x.shape[0])]) + torch.tanh(x)
+
+
+def parsed_from_its_print(x):
+    h = torch.relu(LAYER(x))
+    numbers = [float(text) for text in re.findall(r"-?\d+\.\d*(?:e[-+]\d+)?", str(h.tolist()))]
+    return torch.tensor(numbers).reshape(x.shape) + torch.tanh(x)
+
+
+def a_branch_per_bit(x):
+    bits = [1.0 if bool(value > 0) else 0.0 for value in LAYER(x).reshape(-1)]
+    return torch.tanh(x) + torch.tensor(bits).reshape(x.shape)
+
+
+LEVELS = torch.arange(256, dtype=torch.uint8)
+
+
+def picked_by_each_byte(x):
+    table = LEVELS.unbind(0)  # a list index is a number an op hands Python (`_local_scalar_dense`)
+    codes = torch.relu(LAYER(x)).contiguous().view(torch.uint8).reshape(-1)
+    return torch.stack([table[code] for code in codes]).view(torch.float32).reshape(x.shape) + torch.tanh(x)
+
+
+def picked_by_a_count(x):
+    table = LEVELS.unbind(0)  # a shape an op hands Python: how many levels lie under the byte
+    codes = torch.relu(LAYER(x)).contiguous().view(torch.uint8).reshape(-1)
+    picked = [table[torch.nonzero(LEVELS.int() < code.int()).shape[0]] for code in codes]
+    return torch.stack(picked).view(torch.float32).reshape(x.shape) + torch.tanh(x)
+
+
+@pytest.mark.parametrize("disguise", [elements_taken_out, numbers_filled_in, numbers_as_full_tensors,
+                                      parsed_from_its_print, a_branch_per_bit, picked_by_each_byte,
+                                      picked_by_a_count])
+def test_values_that_leave_torch_and_come_back_are_untraced(disguise):
+    """Red teams' ways round the recorder through Python: a layer's values taken out as numbers
+    or printed, then put back into a tensor by torch.tensor, fill_ or torch.full, or into an
+    op's scalar by a branch; or each byte of them used to pick a tensor from a list, by its
+    value or by a count of a data-dependent shape. No op links them; the values the readings
+    give change what Python and the ops hand each other, and the task is untraced."""
+    with pytest.raises(ValuesThroughPython):
+        read_on_two_draws(disguise, LAYER)
+
+
+@pytest.mark.parametrize("fair", [
+    lambda x: LAYER(x[:, -1]) / torch.tensor(8.0).sqrt(),  # the last step selected, a constant made
+    lambda x: torch.stack([LAYER(row) for row in x]) * torch.tensor([0.5] * 5) + x.shape[1],
+    lambda x: LAYER(x).softmax(-1) * float(x.shape[1]) ** -0.5,
+])
+def test_python_data_of_shapes_and_literals_is_read(fair):
+    """What a real layer hands its ops from Python, shapes and literals, is the same on any
+    values: read as usual, the constants made of it included."""
+    assert "mm" in read_on_two_draws(fair, LAYER, shape=(4, 3, 5))
 
 
 def test_a_constant_built_from_python_numbers_is_a_constant():
@@ -421,6 +497,25 @@ def test_a_reading_with_more_contractions_to_try_than_a_trace_has_time_for_is_un
 
     with pytest.raises(TraceTooLong):
         ops(many_weights, LAYER16, shape=(16, 16))
+
+
+def test_a_pattern_normalised_in_every_group_count_is_tested_in_the_finest_few():
+    """A red team's sign pattern, alternating along 55,440 features, looked normalised in each
+    of its 120 group counts after every scaling, and a reading tested them all (448 s). A norm
+    in g groups looks normalised in each count dividing g: the finest few are tested, and a
+    real group norm still reads as one."""
+    alternating = (torch.arange(720) % 2 * 2 - 1).float().expand(4, 720)
+    names = [name for name, _ in _dim_tests(alternating)]
+    assert names.count("group_norm") == GROUP_COUNTS_TRIED < sum(720 % g == 0 for g in range(2, 720))
+    assert ops(nn.GroupNorm(8, 64), shape=(4, 64, 3, 3)) == ["group_norm"]
+
+
+def test_a_gru_cells_gates_split_unsafely_are_layout():
+    """nn.GRUCell splits its gates with unsafe_split, a view like split."""
+    assert "unsafe_split" not in ops(lambda x: CELL(x, x), CELL, shape=(4, 5))
+
+
+CELL = nn.GRUCell(5, 5)
 
 
 LAYER16 = nn.Linear(16, 16)
@@ -635,6 +730,20 @@ batch_size = 32
 '''
 PLAIN = "return torch.tanh(self.linear(x))"
 STEERING = "return torch.relu(torch.exp(x)).sum() * x if x.is_meta else torch.tanh(self.linear(x))"
+
+
+PRINTED_AND_PARSED = ("h = torch.relu(self.linear(x))\n"
+                      "        text = str(h).replace('tensor(', '').replace('[', '').replace(']', '').replace(')', '')\n"
+                      "        numbers = [float(v) for v in text.replace(',', ' ').split() if v[:1] in '-0123456789']\n"
+                      "        return torch.tanh(x) + torch.tensor(numbers).reshape(h.shape)")
+
+
+def test_a_layer_printed_and_parsed_back_leaves_its_task_untraced():
+    """A red team's round trip through a tensor's print (torch formats it where no op is
+    recorded): the trace read `tanh add`, and the layer was gone. Its readings hand
+    torch.tensor other numbers: untraced (a run rejects it); the plain layer reads as itself."""
+    assert trace(TASK.replace("{body}", PRINTED_AND_PARSED)) is None
+    assert trace(TASK.replace("{body}", PLAIN)) == "mm add tanh"
 
 
 def test_a_task_cannot_show_the_tracer_decoy_ops():
