@@ -322,10 +322,29 @@ class _Policy:
             if attr.startswith("_") and attr not in ALLOWED_DUNDERS:
                 raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
         elif attr.startswith("_") and attr not in ALLOWED_DUNDERS:
-            if root not in ("self", "cls", *self.classes):
+            if root not in self.classes and not (root in ("self", "cls") and self._method_receiver(node, root)):
                 raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
             if attr in _PRIVATE_INTERNALS and attr not in self.own_private:
                 raise Rejected("forbidden_call", node, f"private attribute {attr!r} of nn.Module or a tensor")
+
+    def _method_receiver(self, node: ast.AST, name: str) -> bool:
+        """Whether `name` where `node` reads it is the receiver of a method of the task's own
+        class, never rebound: a module-level function's parameter called `self` may be a
+        tensor, and a red team reached its storage by `self._typed_storage()`."""
+        function = self.parents.get(node)
+        while function is not None and not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(function, ast.Lambda) and name in {a.arg for a in ast.walk(function.args)
+                                                             if isinstance(a, ast.arg)}:
+                return False
+            function = self.parents.get(function)
+        if function is None or not isinstance(self.parents.get(function), ast.ClassDef) or any(
+                isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list):
+            return False  # a static method's first parameter is whatever it is given
+        positional = [*function.args.posonlyargs, *function.args.args]
+        rebound = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
+                      or isinstance(n, ast.arg) and n.arg == name and n not in positional
+                      for n in ast.walk(function))
+        return bool(positional) and positional[0].arg == name and not rebound
 
     def _type_method(self, node: ast.Attribute) -> None:
         """Tensor.type and Storage.type import the dotted name a string gives them; given a
@@ -549,6 +568,11 @@ INTROSPECTION |= frozenset(name for name in {*dir(torch), *dir(torch.Tensor), *d
                            if name.startswith("is_") and name != "is_same_size")
 PASSED_ON = frozenset({"device", "dtype"})  # may be passed to a call, never inspected or branched on
 DATA_TO_PYTHON = frozenset({"item", "tolist"})
+# Builtins that turn a tensor into a Python number, bool or text (a red team printed a layer's
+# output and parsed it back; another took its elements out with float()): given anything
+# but constants, config and shapes, they are refused in forward, as .item() is.
+VALUES_TO_PYTHON = frozenset({"float", "int", "bool", "complex", "round", "str", "repr", "format", "print", "bytes",
+                              "all", "any", "min", "max", "sorted", "divmod", "chr", "ord", "hash"})
 SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
 SHAPE_METHODS = frozenset({"size", "dim", "numel", "ndimension", "nelement"})
 CLEAN_CALLS = frozenset({"hasattr", "len", "int", "float", "min", "max", "abs", "round", "tuple", "list", "range", "sum", "divmod",
@@ -859,10 +883,17 @@ class _FunctionPurity:
             self._write(node, node.target, "changes in place")
         elif isinstance(node, ast.Call):
             self._call(node)
+            self._values_to_python(node)
         elif isinstance(node, ast.Attribute):
             self._attribute(node)
         elif isinstance(node, ast.Name) and node.id in self.passed_on and isinstance(node.ctx, ast.Load):
             self._passed_on(node, node.id)
+        elif isinstance(node, ast.FormattedValue) and not self._is_clean(node.value):
+            self._refuse(node, f"an f-string formats tensor values ({ast.unparse(node.value)[:60]}) into text: keep "
+                               "them tensors")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and _text(node.left) \
+                and not self._is_clean(node.right):
+            self._refuse(node, f"% formats tensor values ({ast.unparse(node.right)[:60]}) into text: keep them tensors")
         if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
             self._test(node.test, {ast.If: "if", ast.While: "while", ast.IfExp: "conditional expression",
                                    ast.Assert: "assert"}[type(node)])
@@ -875,6 +906,18 @@ class _FunctionPurity:
         elif isinstance(node, ast.BoolOp):
             for operand in node.values[:-1]:
                 self._test(operand, f"{type(node.op).__name__.lower()} operand")
+
+    def _values_to_python(self, node: ast.Call) -> None:
+        """`float(h[0, 0])`, `str(h)`, `max(a, b)` of tensors: values out of torch into Python,
+        where no trace follows them (`int(x.shape[1] / 2)` reads only a shape)."""
+        func = node.func
+        if not (isinstance(func, ast.Name) and func.id in VALUES_TO_PYTHON and func.id not in self.assignments
+                and func.id not in self.purity.module_names):
+            return
+        for argument in [*node.args, *(kw.value for kw in node.keywords)]:
+            if not self._is_clean(argument):
+                self._refuse(node, f"{func.id}() turns tensor values ({ast.unparse(argument)[:60]}) into Python "
+                                   "values: keep them tensors (torch.where, torch.maximum, reductions)")
 
     def _called_at_once(self, node: ast.AST) -> bool:
         """`(lambda t: t * torch.sigmoid(t))(x)`: inline code, kept nowhere."""
@@ -1077,10 +1120,21 @@ class _FunctionPurity:
             changed = False
             self.clean = clean
             for name in list(clean):
-                if not all(value is not None and self._is_clean(value) for value in self.assignments[name]):
+                if not self._clean_bindings(name):
                     clean.discard(name)
                     changed = True
         return clean
+
+    def _clean_bindings(self, name: str) -> bool:
+        """Every binding of `name` is clean: a value known without looking at a tensor's
+        values, or the item of a loop over one (`for k in self.kernel_sizes`, `for s in
+        x.shape[2:]`; not `for row in h`)."""
+        values = self.assignments[name]
+        loops = [loop for loop in self.body if isinstance(loop, (ast.For, ast.comprehension))
+                 and name in _target_names(loop.target)]
+        unknown = sum(value is None for value in values)
+        return all(value is None or self._is_clean(value) for value in values) and unknown <= len(loops) and (
+            unknown == 0 or all(self._is_clean(loop.iter) for loop in loops))
 
 
 def _bindings(node: ast.AST):
@@ -1113,6 +1167,10 @@ def _bindings(node: ast.AST):
                 yield name, None
     elif isinstance(node, ast.ExceptHandler) and node.name:
         yield node.name, None
+
+
+def _text(node: ast.AST) -> bool:
+    return isinstance(node, ast.JoinedStr) or isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes))
 
 
 def _is_shape_tuple(node: ast.AST) -> bool:

@@ -83,6 +83,49 @@ def test_nothing_private_past_an_object_nor_of_nn_modules_own(forward):
     assert rejected is not None and rejected[0] == "forbidden_call", rejected
 
 
+@pytest.mark.parametrize("header", [
+    # a module-level function whose parameter is called self: a tensor, not the model
+    "\n\ndef _typed_storage(self):\n    return self\n\n\ndef storage_of(self):\n    return self._typed_storage()\n",
+    "\n\nclass Helper(nn.Module):\n    @staticmethod\n    def storage_of(self):\n        return self._typed_storage()\n",
+    "\n\nclass Helper(nn.Module):\n    def storage_of(self, x):\n        self = x\n        return self._typed_storage()\n"
+    "\n    def _typed_storage(self):\n        return self\n",
+])
+def test_a_private_name_is_the_tasks_own_only_on_its_methods_self(header):
+    """A red team named a function `_typed_storage` (a name of the task's own) and called it
+    as a tensor's method through a helper's parameter called `self`: the tensor's storage."""
+    rejected = static_check(make_task("return x", header=header))
+    assert rejected is not None and rejected[0] == "forbidden_call", rejected
+
+
+@pytest.mark.parametrize("forward", [
+    "h = torch.relu(x)\nreturn torch.full_like(x, float(h[0, 0]))",
+    "return torch.tensor([float(v) for v in str(torch.relu(x)).split()[1:3]])",
+    "return x * int(x.sum())",
+    "return x + len(repr(x))",
+    "return x + len(f'{x}')",
+    "return x + len('%s' % x)",
+    "return max(x, x * 2)",
+    "print(x)\nreturn x",
+])
+def test_tensor_values_turned_into_python_values_are_refused(forward):
+    """float(), str(), f-strings and the like take values out of torch, where the trace does
+    not follow them (a red team hid a layer so): refused in forward, as .item() is."""
+    rejected = static_check(make_task(forward))
+    assert rejected is not None and rejected[0] == "impure_forward", rejected
+
+
+def test_python_values_of_shapes_and_config_stay_allowed():
+    """Shapes, config and loops over them (a red team's fairness round: sizes scaled per
+    spatial dimension, paddings of a list of kernel sizes) are no tensor values."""
+    forward = ("scale = float(x.shape[-1]) ** -0.5\nwidth = int(self.ratio * x.size(1))\n"
+               "sizes = [int(s * self.ratio) for s in x.shape[1:]]\npads = [int(k // 2) for k in self.kernels]\n"
+               "name = f'{width}'\nreturn x[:, :max(width, 1)] * scale * round(self.ratio, 2) + len(str(self.ratio))"
+               " + sum(sizes) + sum(pads)")
+    assert static_check(make_task(forward, init="self.ratio = 0.5\nself.kernels = (3, 5)")) is None
+    rows = "return torch.stack([torch.full_like(row, float(value)) for row in x for value in row[:1]])"
+    assert static_check(make_task(rows))[0] == "impure_forward"  # a loop over a tensor gives its values
+
+
 def test_a_tasks_own_private_names_stay_allowed():
     code = make_task("return self._scaled(x) * self._gain", init="self._gain = 2.0",
                      header="\n\nclass Helper(nn.Module):\n    pass\n")
