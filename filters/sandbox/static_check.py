@@ -62,6 +62,9 @@ DENIED_ATTRIBUTES = frozenset({
     "format", "format_map",
     # an nn.Module's members by a dotted name held in a string
     "get_submodule", "get_parameter", "get_buffer", "set_submodule",
+    # a Python function called on each element, its result written where no op runs (a red
+    # team's `y.map_(h, lambda a, b: b)` copied a layer's output past the trace)
+    "apply_", "map_", "map2_",
 })
 # The random generators' seeds and states: which seed the checks drew from, read by
 # `torch.default_generator.initial_seed()`, gated a layer that a trace, drawn otherwise, never saw.

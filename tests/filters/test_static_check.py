@@ -97,6 +97,16 @@ def test_a_private_name_is_the_tasks_own_only_on_its_methods_self(header):
     assert rejected is not None and rejected[0] == "forbidden_call", rejected
 
 
+@pytest.mark.parametrize("forward", ["y = torch.zeros(x.shape)\ny.map_(torch.relu(x), torch.maximum)\nreturn y",
+                                     "y = torch.zeros(x.shape)\ny.map2_(x, x, torch.maximum)\nreturn y",
+                                     "y = x.clone()\ny.apply_(abs)\nreturn y"])
+def test_python_called_on_each_element_is_refused(forward):
+    """map_, map2_ and apply_ run a Python function per element and write its results where
+    no op is recorded: a red team copied a layer's output past the trace with map_."""
+    rejected = static_check(make_task(forward))
+    assert rejected is not None and rejected[0] == "forbidden_call", rejected
+
+
 @pytest.mark.parametrize("forward", [
     "h = torch.relu(x)\nreturn torch.full_like(x, float(h[0, 0]))",
     "return torch.tensor([float(v) for v in str(torch.relu(x)).split()[1:3]])",
