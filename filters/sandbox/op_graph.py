@@ -147,8 +147,8 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
         # its first element, hid its GEMM
         raise ReadingsDisagree("it runs other ops on other values of its inputs")
     if not python_may_read_values and generic is not None and own.python_data != other.python_data:
-        raise ValuesThroughPython("an op's Python arguments, or a tensor made from Python values, changed with the "
-                                  "values of its inputs")
+        raise ValuesThroughPython("what Python and the ops handed each other (arguments, results, shapes, tensors "
+                                  "made from Python values) changed with the values of its inputs")
     if own.constant != other.constant:  # the reading on which the outputs vary reads what the task computes
         varying = other if own.constant else own
         return varying.sequence, varying.unspelled_names
@@ -331,10 +331,11 @@ class _Recorder(TorchDispatchMode):
         self.memory: dict[int, tuple[int, int]] = {}  # storage seen -> the bytes it holds in memory
         self.computed: set[int] = set()  # storages an op allocated or wrote
         self.input_storages = {_storage(tensor) for tensor in variables}
-        # What came into the recorded ops from Python, in order: each op's arguments other than
-        # tensors, and the bytes of each tensor made outside the ops (`_leaf`) that is not on a
-        # weight's or buffer's storage (`weights`: a reading with others gives them a spread).
-        # Two readings on other inputs must agree on it (op_graph_and_drops).
+        # What passed between Python and the recorded ops, in order: each op's arguments other
+        # than tensors, its results other than tensors and its outputs' shapes, and the bytes of
+        # each tensor made outside the ops (`_leaf`) that is not on a weight's or buffer's
+        # storage (`weights`: a reading with others gives them a spread). Two readings on other
+        # inputs must agree on it (op_graph_and_drops).
         self.python_data: list = []
         self.weight_storages = {_storage(tensor) for tensor in weights}
         self.overlap_budget = _Budget(OVERLAP_RECORDING_STEPS)
@@ -403,15 +404,14 @@ class _Recorder(TorchDispatchMode):
             if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):
                 raise UntracedAliasing("an op given a storage object: a tensor over another's memory, unlinked")
             if not isinstance(value, torch.Tensor):
-                values.append("nan" if isinstance(value, float) and math.isnan(value) else value)
+                values.append(_comparable(value))
         self.python_data.append(tuple(values))
 
     def _python_results(self, out) -> None:
         """Log what an op hands Python: its numbers (`_local_scalar_dense`: `table[h_byte]`
         indexes a list by one) and its tensors' shapes (`nonzero(...).shape[0]` counts).
         A red team picked a tensor from a list by each byte of a layer's output."""
-        self.python_data.append(tuple(value.shape if isinstance(value, torch.Tensor) else
-                                      "nan" if isinstance(value, float) and math.isnan(value) else value
+        self.python_data.append(tuple(value.shape if isinstance(value, torch.Tensor) else _comparable(value)
                                       for value in torch.utils._pytree.tree_leaves(out)))
 
     def _seen(self, tensor: torch.Tensor, node: _Op) -> None:
@@ -541,6 +541,11 @@ def _storage(tensor: torch.Tensor) -> int | None:
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, AttributeError):  # a tensor with no storage of its own
         return None
+
+
+def _comparable(value):
+    """A Python value as two readings' logs compare it: NaN equal to NaN."""
+    return "nan" if isinstance(value, float) and math.isnan(value) else value
 
 
 def _fingerprint(tensor: torch.Tensor) -> tuple:

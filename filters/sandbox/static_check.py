@@ -1132,12 +1132,10 @@ class _FunctionPurity:
         """Every binding of `name` is clean: a value known without looking at a tensor's
         values, or the item of a loop over one (`for k in self.kernel_sizes`, `for s in
         x.shape[2:]`; not `for row in h`)."""
-        values = self.assignments[name]
-        loops = [loop for loop in self.body if isinstance(loop, (ast.For, ast.comprehension))
-                 and name in _target_names(loop.target)]
+        values, iterables = self.assignments[name], self._looped_over(name)
         unknown = sum(value is None for value in values)
-        return all(value is None or self._is_clean(value) for value in values) and unknown <= len(loops) and (
-            unknown == 0 or all(self._is_clean(loop.iter) for loop in loops))
+        return all(value is None or self._is_clean(value) for value in values) and unknown <= len(iterables) and (
+            unknown == 0 or all(map(self._is_clean, iterables)))
 
 
 def _bindings(node: ast.AST):
