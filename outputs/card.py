@@ -89,6 +89,7 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         f"{stats['accepted']} accepted of {stats['composed']} composed ({stats['rejected']} rejected); "
         f"the run stopped because it {stats['stop_reason']}.",
         "",
+        *_eval_mode(stats),
         "How it was made: operators crawled from " + ", ".join(stats.get("libraries", ["torch"]))
         + f" were fused by the `{stats['composer']}` composer; every candidate was validated in a sandboxed "
         "worker process (static check, eager, timing window with re-sizing, determinism, input dependence, "
@@ -134,14 +135,16 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         "",
         'tasks = load_dataset("ORG/NAME", split="train")  # or the path of this folder',
         "task = load_task(tasks[0])  # refuses, before running any of it, code outside opsynth's static policy",
-        "model = task.Model(*task.get_init_inputs())",
+        "model = task.Model(*task.get_init_inputs()).eval()  # the checks ran every task in eval mode",
         "output = model(*task.get_inputs())",
         "```",
         "",
         "A task's code is a program: run it only through `load_task`, which applies the static policy "
         "every task passed in opsynth's sandbox (no file system, process, network or interpreter access) "
         "before it runs anything. A task that stays harmless under validation and acts only when some "
-        "condition holds on your machine is refused, since the code it would need is.",
+        "condition holds on your machine is refused, since the code it would need is. The checks ran every "
+        "task in float32, in eval mode, without autocast and without gradients: run it so to get the "
+        "program they proved.",
         "",
         "## Provenance",
         "",
@@ -156,6 +159,17 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         "The task format and the acceptance rules follow CUDA-Agent-Ops-6K (CUDA-Agent, arXiv 2602.24286).",
     ]
     return lines
+
+
+def _eval_mode(stats: dict) -> list[str]:
+    """The rows whose verdict holds in eval mode alone: the checks build each model and call
+    .eval(); a consumer that does not runs a batch norm on its batch's statistics instead."""
+    count = stats.get("eval_mode_only")
+    if not count:
+        return []
+    return [f"{count} of the tasks compute something else in train mode (column `train_mode_agrees`: a batch "
+            "norm's batch statistics): build the model and call `model.eval()` before running it, as the checks "
+            "did.", ""]
 
 
 def _op_count_rows(stats: dict):

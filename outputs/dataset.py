@@ -54,9 +54,14 @@ def sample_row(candidate: Candidate, verdict: Verdict, run_info: dict) -> dict:
         "input_sensitivity": metrics.get("input_sensitivity"),
         "peak_memory_mb": metrics.get("peak_memory_mb"), "output_max_abs": metrics.get("output_max_abs"),
         "resized": bool(metrics.get("resized")),
+        "train_mode_agrees": _at_most_one(metrics.get("train_mode_share")),
         "source": candidate.provenance.get("source"),
         "provenance": json.dumps(candidate.provenance, sort_keys=True),
     }
+
+
+def _at_most_one(share) -> bool | None:
+    return share <= 1.0 if isinstance(share, (int, float)) else None
 
 
 def reject_row(candidate: Candidate, verdict: Verdict) -> dict:

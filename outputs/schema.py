@@ -24,6 +24,7 @@ SAMPLE_SCHEMA = pa.schema([
     ("peak_memory_mb", pa.float64()),
     ("output_max_abs", pa.float64()),
     ("resized", pa.bool_()),
+    ("train_mode_agrees", pa.bool_()),
     ("source", pa.string()),
     ("provenance", pa.string()),
 ])
@@ -49,6 +50,8 @@ SAMPLE_COLUMNS = {
     "peak_memory_mb": "peak device memory of a forward call, in MB (empty on the CPU)",
     "output_max_abs": "the largest magnitude of any output element",
     "resized": "whether opsynth re-sized the task's size constants to bring it to the timing target",
+    "train_mode_agrees": "whether the model computes the same in train mode (false: a batch norm's batch statistics; "
+                         "build it and call `model.eval()`, as the checks did); empty when not measured",
     "source": "the file or row a re-audited task came from (`opsynth validate`); empty for composed tasks",
     "provenance": "JSON: candidate index, input layout, prompt version and LLM usage, repair history",
 }

@@ -27,6 +27,7 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "op_frequency": dict(Counter(op for c, _ in accepted for op in c.ops).most_common(TOP_OPS)),
         "compute_heavy_share": share(compute_heavy(c.ops) for c, _ in accepted),
+        "eval_mode_only": sum(_above_one(v.metrics.get("train_mode_share")) for _, v in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
         "time_by_check_s": time_by_check(records),
         "gpu_gate_s": gpu_gate(records),
@@ -35,6 +36,10 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> d
             [v.metrics.get("kernelbench_max_similarity") for _, v in accepted], SIMILARITY_EDGES),
         **run_info,
     }
+
+
+def _above_one(share) -> bool:
+    return isinstance(share, (int, float)) and share > 1.0
 
 
 def funnel(records: list[tuple[Candidate, Verdict]]) -> list[dict]:

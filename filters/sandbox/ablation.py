@@ -2,19 +2,26 @@
 used, and no op of the chain can be dropped without changing the output (a ReLU after a
 softmax, a clamp that never binds). Closes the "solve it by eliminating an operation" hole.
 
-Ops are dropped alone and in runs of two and three consecutive ops (a chain, each feeding the
-next): a pair that cancels (rfft then irfft, a transpose twice) survives any single drop.
+Ops are dropped alone and in runs of up to six consecutive ops (a chain, each feeding the
+next): a pair that cancels (rfft then irfft, a transpose twice) survives any single drop. Two
+runs apart are dropped together too: ops that cancel across others (a copy, an elementwise op,
+an average over the copies; a scale, a ReLU, the unscale) survive any run.
 A model torch.fx cannot trace symbolically (data-dependent control flow) is traced again on
 its real inputs with make_fx, which records the aten ops the call ran, the branches it took
 burned in; one that neither can trace is refused, never passed unablated.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
+
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from filters.sandbox.execution import ran_out_of_gpu_memory
+from filters.sandbox.op_graph import LAYOUT_ONLY
 
 MAX_PARAMETERS = 32  # probe at most this many parameters (the largest first)
 ABLATED_OPS = ("call_module", "call_function", "call_method")
@@ -27,6 +34,11 @@ NOT_ABLATED = {"to", "float", "double", "half", "bfloat16", "type", "type_as", "
 # How many consecutive ops are dropped at once: runs up to six, as long as a chain of five ops
 # with a layout op or two between them (four rolls that cancel passed runs of three)
 WINDOWS = (1, 2, 3, 4, 5, 6)
+# Two runs apart, each of up to three ops, are dropped together too: a copy, ops, then an
+# average over the copies; a scale, a ReLU, the unscale (a red team's). At most MAX_PAIRS
+# pairs a task, the shortest and nearest first.
+PAIR_WINDOWS = (1, 2, 3)
+MAX_PAIRS = 256
 EPSILON = 1e-3  # adding a constant this small is a numerical-stability guard (`var + eps`), not an op
 
 
@@ -76,13 +88,13 @@ def find_unused_module(model, graph_module) -> str | None:
 
 
 def find_redundant_op(graph_module, inputs, out, forward, close, atol, rtol) -> str | None:
-    """The first run of ops (one to six in a chain, WINDOWS) whose removal, its output replaced
-    by its input, keeps the output. `graph_module` is left as it was."""
-    for window in WINDOWS:
-        for start in range(len(_ops(graph_module))):
-            ablated, label = _without(graph_module, start, window)
-            if ablated is None:
-                continue
+    """The first run of ops (one to six in a chain, WINDOWS), or pair of runs apart from each
+    other (PAIR_WINDOWS), whose removal, each run's output replaced by its input, keeps the
+    output. `graph_module` is left as it was."""
+    with contextlib.redirect_stderr(io.StringIO()):  # torch.fx prints each failed graph's code
+        tensors = _tensor_nodes(graph_module, inputs)
+        for drop in _drops(graph_module, tensors):
+            ablated, label = _without(graph_module, drop)
             try:
                 result = forward(ablated, inputs)
             except Exception:  # the ops changed a shape or dtype, so they cannot be dropped: not redundant
@@ -90,6 +102,57 @@ def find_redundant_op(graph_module, inputs, out, forward, close, atol, rtol) -> 
             if close(out, result, atol, rtol):
                 return label
     return None
+
+
+def _tensor_nodes(graph_module, inputs) -> set:
+    """The nodes whose value is a tensor, on these inputs (not a size, nor its arithmetic). The
+    graph is run node by node here: torch.fx's Interpreter starts a progress bar's thread."""
+    values, found, given = {}, set(), iter(inputs)
+
+    def load(arg):
+        return fx.node.map_arg(arg, values.__getitem__)
+    try:
+        with torch.no_grad():
+            for node in graph_module.graph.nodes:
+                if node.op == "placeholder":
+                    value = next(given)
+                elif node.op == "get_attr":
+                    value = functools.reduce(getattr, node.target.split("."), graph_module)
+                elif node.op == "call_function":
+                    value = node.target(*load(node.args), **load(node.kwargs))
+                elif node.op == "call_method":
+                    receiver, *rest = load(node.args)
+                    value = getattr(receiver, node.target)(*rest, **load(node.kwargs))
+                elif node.op == "call_module":
+                    value = graph_module.get_submodule(node.target)(*load(node.args), **load(node.kwargs))
+                else:
+                    break
+                values[node] = value
+                if isinstance(value, torch.Tensor):
+                    found.add(node)
+    except Exception:  # no record, no pairs: the single runs are tried as before
+        return set()
+    return found
+
+
+def _drops(graph_module, tensors: set):
+    """What to drop, in the order tried: single runs by length, then pairs of runs that lie
+    apart (a copy made, other ops, then the copies averaged; a scale, a ReLU, the unscale),
+    the shortest and nearest first, MAX_PAIRS of them. Pairs are of ops whose values are
+    tensors (`tensors`, not a size's arithmetic), and a pair of layout ops alone (a view around
+    a linear that takes any leading dimensions) moves no data and is not tried."""
+    ops = _ops(graph_module)
+    runs = {window: [run for start in range(len(ops)) if (run := _run(ops, start, window))] for window in WINDOWS}
+    for window in WINDOWS:
+        yield from ([run] for run in runs[window])
+    short = [run for window in PAIR_WINDOWS for run in runs[window] if all(node in tensors for node in run)]
+    place = {node: index for index, node in enumerate(ops)}
+    pairs = [(first, second) for first in short for second in short
+             if place[first[-1]] < place[second[0]] and _source(second[0]) is not first[-1]
+             and not all(_name(node).split(".")[0] in LAYOUT_ONLY for node in (*first, *second))]
+    pairs.sort(key=lambda pair: (len(pair[0]) + len(pair[1]), place[pair[1][0]] - place[pair[0][-1]],
+                                 place[pair[0][0]]))
+    yield from (list(pair) for pair in pairs[:MAX_PAIRS])
 
 
 def _ops(graph_module) -> list:
@@ -104,33 +167,32 @@ def _ops(graph_module) -> list:
     return [node for node in graph_module.graph.nodes if node.op in ABLATED_OPS and node in needed]
 
 
-def _without(graph_module, start: int, window: int):
-    """A copy of the graph with the chain of `window` ops that starts at op `start` dropped, or
-    None when there is no such droppable chain: each op after the first is the only reader of
-    the one before and takes it as its first input (other reads, such as a shape, may lie
-    between them in the graph)."""
-    copy = fx.GraphModule(graph_module, copy_graph(graph_module.graph))
-    ops = _ops(copy)
+def _run(ops: list, start: int, window: int) -> tuple | None:
+    """The chain of `window` droppable ops that starts at op `start`, or None when there is
+    none: each op after the first is the only reader of the one before and takes it as its
+    first input (other reads, such as a shape, may lie between them in the graph)."""
     run = [ops[start]]
     while len(run) < window:
         users = list(run[-1].users)
         if len(users) != 1 or users[0] not in ops or _source(users[0]) is not run[-1]:
-            return None, ""
+            return None
         run.append(users[0])
-    if any(not _droppable(node) for node in run):
-        return None, ""
-    run[-1].replace_all_uses_with(_source(run[0]))
-    for node in reversed(run):
-        copy.graph.erase_node(node)
-    copy.recompile()
-    return copy, " then ".join(_label(node) for node in run)
+    return tuple(run) if all(_droppable(node) for node in run) else None
 
 
-def copy_graph(graph):
+def _without(graph_module, runs: list[tuple]):
+    """A copy of the graph with each run dropped (its output replaced by its first op's input),
+    and a label naming what was dropped."""
     new = fx.Graph()
-    output = new.graph_copy(graph, {})
-    new.output(output)
-    return new
+    mapping: dict = {}
+    new.output(new.graph_copy(graph_module.graph, mapping))
+    copy = fx.GraphModule(graph_module, new)
+    for run in runs:
+        mapping[run[-1]].replace_all_uses_with(mapping[_source(run[0])])
+    for node in sorted((node for run in runs for node in run), key=list(graph_module.graph.nodes).index, reverse=True):
+        copy.graph.erase_node(mapping[node])
+    copy.recompile()
+    return copy, " and ".join(" then ".join(_label(node) for node in run) for run in runs)
 
 
 def _source(node):

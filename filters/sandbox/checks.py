@@ -490,14 +490,20 @@ class Deterministic(Check):
     A third run under torch.use_deterministic_algorithms must not meet an op that has no
     deterministic implementation (on CUDA: atomics whose order changes the sum, as
     `scatter_add_` with colliding indices), and must agree with the first at the verification
-    tolerance (a task that reads the mode must not compute something else under it)."""
+    tolerance (a task that reads the mode must not compute something else under it).
+
+    It also measures, deciding nothing, whether a copy of the model in train mode (what a
+    consumer that never calls .eval() runs, KernelBench's harness among them) computes the
+    same: a batch norm's batch statistics do not. The row keeps the measure
+    (`train_mode_share`, at most 1 where train mode agrees) and the card counts the rows whose
+    verdict holds in eval mode alone; the grammar keeps a task's own code from reading the mode."""
 
     stage = "determinism"
     reasons = {**TASK_ERRORS, **UNMEASURED, "nondeterministic": "two identical runs differ",
                "nondeterministic_op": "uses an op with no deterministic implementation on this device"}
     defaults = {"determinism_tol": 1e-5}
     measures = {"determinism_max_diff": float, "history_max_diff": float, "deterministic_ops": bool,
-                "deterministic_mode_share": float}
+                "deterministic_mode_share": float}  # train_mode_share is a note, not a measure decided on
 
     def run(self, t: TaskUnderTest) -> None:
         gate, seed = t.gate, t.cfg["seed"]
@@ -516,6 +522,9 @@ class Deterministic(Check):
         share = gate.call(tolerance_share, strict, t.out, t.cfg["atol"], t.cfg["rtol"]) if strict else math.inf
         t.metrics["deterministic_mode_share"] = share
         self.stop_if_failed(t)
+        in_train_mode = gate.call(forward_in_train_mode, t.model, t.inputs)
+        t.metrics["train_mode_share"] = gate.call(tolerance_share, in_train_mode, t.out, t.cfg["atol"],
+                                                  t.cfg["rtol"]) if in_train_mode else math.inf
 
     def judge(self, metrics: dict, cfg: dict) -> tuple[str, str] | None:
         tol = cfg["determinism_tol"]
@@ -544,6 +553,25 @@ class Deterministic(Check):
 
 
 NONDETERMINISTIC_OP = "does not have a deterministic implementation"
+
+
+def forward_in_train_mode(model, inputs) -> list | None:
+    """The output of one call of the model in train mode; None when it fails there (a batch
+    norm given one value per channel). Its buffers (running statistics a train-mode call
+    updates) are put back, and the model is in eval mode again after."""
+    kept = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    model.train()
+    try:
+        return forward(model, fresh_copies(inputs))
+    except Exception as error:
+        if ran_out_of_gpu_memory(error):
+            raise
+        return None
+    finally:
+        model.eval()
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
 
 
 def forward_deterministically(model, inputs) -> list | None:
@@ -841,8 +869,8 @@ class WellConditioned(Check):
 
 
 class NothingDead(Check):
-    """Every parameter moves the output, every submodule is used, and no op, nor a run of two
-    or three consecutive ops, can be dropped. A model torch.fx cannot trace is ablated on the
+    """Every parameter moves the output, every submodule is used, and no op, nor a run of up to
+    six consecutive ops, nor two such runs apart, can be dropped. A model torch.fx cannot trace is ablated on the
     graph make_fx records on its real inputs; one neither can trace is refused."""
 
     stage = "ablation"

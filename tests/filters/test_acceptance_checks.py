@@ -177,6 +177,25 @@ CASES = {
     "ill_conditioned": (make_task("return (x + 1e4).sum(-1) - 1e4 * x.shape[-1]"), FAST, "ill_conditioned"),
     "redundant_pair": (make_task("return torch.tanh(torch.fft.irfft(torch.fft.rfft(x), n=x.shape[-1]))"), FAST,
                        "redundant_op"),
+    # ops that cancel across others (red team, issue 47): copies made, an elementwise op, the
+    # copies averaged; a scale, a ReLU, the unscale
+    "copies_averaged": (make_task("y = torch.tanh(self.linear(x).repeat(4, 1))\n"
+                                  "return y.view(4, x.shape[0], 256).mean(0)", init=LAYER), FAST, "redundant_op"),
+    "scale_unscaled": (make_task("return torch.relu(self.linear(x) * 3.0) / 3.0", init=LAYER), FAST, "redundant_op"),
+    # what the grammar lets through and only running shows (the red team of issue 47): a batch
+    # norm told to train writes its statistics; a layer cast back and forth; a mode probe
+    "statistics_written": (make_task("y = torch.nn.functional.batch_norm(x, self.m, self.v, training=True, momentum=0.5)"
+                                     "\nreturn torch.tanh(self.linear(x)) + self.m",
+                                     init=LAYER + "\nself.register_buffer('m', torch.zeros(256))\n"
+                                                  "self.register_buffer('v', torch.ones(256))"), FAST, "nondeterministic"),
+    "cast_back_and_forth": (make_task("y = torch.tanh(self.linear(x))\nself.linear.to(torch.bfloat16)\n"
+                                      "self.linear.to(torch.float32)\nreturn y", init=LAYER), FAST, "nondeterministic"),
+    "mode_probe": (make_task("seen = self.probe(torch.ones(1))\nreturn torch.where(seen > 0, torch.tanh(self.linear(x)), "
+                             "x * 1000.0)", init=LAYER + "\nself.probe = nn.Dropout(1.0)"), FAST, "redundant_op"),
+    # a batch norm with running statistics of its own: accepted, and it computes otherwise in train mode
+    "batch_norm": (make_task("return torch.tanh(self.norm(self.linear(x)))",
+                             init=LAYER + "\nself.norm = nn.BatchNorm1d(256)\nself.norm.running_mean.fill_(0.5)\n"
+                                          "self.norm.running_var.fill_(2.0)"), FAST, None),
     # four rolls that cancel: no one, two or three of them do (a red team's task)
     "redundant_four": (make_task("return torch.tanh(x.roll(1, 1).roll(2, 1).roll(-1, 1).roll(-2, 1))"), FAST,
                        "redundant_op"),
@@ -217,6 +236,15 @@ def test_a_passing_task_records_every_measure_with_its_type(results):
 
 def test_the_ablated_pairs_are_named(results):
     assert "rfft then" in results["redundant_pair"]["detail"]
+    assert "repeat and" in results["copies_averaged"]["detail"]
+    assert "mul and call_function truediv" in results["scale_unscaled"]["detail"]
+
+
+def test_train_mode_is_measured_and_decides_nothing(results):
+    """A consumer that never calls .eval() runs a batch norm on its batch's statistics: the row
+    says so (`train_mode_agrees`), and the verdict, decided in eval mode, stands."""
+    assert results["relu_layer"]["metrics"]["train_mode_share"] <= 1.0
+    assert results["batch_norm"]["passed"] and results["batch_norm"]["metrics"]["train_mode_share"] > 1.0
     assert "transpose" in results["redundant_pair_untraceable"]["detail"]
 
 
