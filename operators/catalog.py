@@ -19,7 +19,7 @@ from operators.records import InlinedOp, OpSpec, SkippedOp
 from operators.libraries import library_name
 
 log = logging.getLogger(__name__)
-CATALOG_VERSION = "8"  # bump when probing rules change, so cached catalogs are rebuilt
+CATALOG_VERSION = "9"  # bump when probing or screening rules change, so cached catalogs are rebuilt
 MAX_PROCESSES = 16
 
 CATALOG_SCHEMA = pa.schema([

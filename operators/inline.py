@@ -525,6 +525,9 @@ class _Fold(cst.CSTTransformer):
         return _folded(updated)
 
     def leave_BooleanOperation(self, original, updated):
+        known, value = _evaluate(updated.left)  # `False and cache.layers[...]`: the right side never runs
+        if known and isinstance(value, bool) and value == isinstance(updated.operator, cst.Or):
+            return updated.left
         return _folded(updated)
 
     def leave_Comparison(self, original, updated):

@@ -14,6 +14,7 @@ import warnings
 import torch
 import torch.nn as nn
 
+from filters.grammar.allowlist import allowlist
 from operators.exclusions import exclusion_reason
 from operators.layouts import LAYOUTS, Weight, layouts_for, resolve
 from operators.records import FUNCTION, MODULE, InlinedOp, OpSpec, SkippedOp
@@ -71,6 +72,9 @@ def probe(obj, name: str, library: str, recipe: dict | None = None) -> OpSpec | 
     failures = []
     for recipe in recipes:
         spec, failure = _probe_layouts(obj, name, library, kind, recipe)
+        if spec and library == "torch" and allowlist().name_of(obj) is None:  # torch.nn.SyncBatchNorm
+            return SkippedOp(name, library, kind, "not_allowed", "runs, but is not on the grammar's allowlist, so "
+                                                                 "no task may name it (filters/grammar/allowlist.py)")
         if spec:
             return spec
         failures.append(failure)

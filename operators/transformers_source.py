@@ -23,7 +23,7 @@ from typing import Iterable
 import libcst as cst
 from torch import nn
 
-from filters.sandbox.static_check import screen_definitions
+from filters.grammar import screen_definitions
 from operators.inline import InlineRules, NotSelfContained, inline
 from operators.layouts import LAYOUTS
 from operators.records import MODULE, InlinedOp, SkippedOp

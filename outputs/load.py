@@ -5,7 +5,7 @@ user's machine.
 A task's code is only as safe as the policy it passed. The sandbox checks run it jailed, and a
 task that does harm only when some condition holds (an environment variable, a host name, a
 date) passes them and does its harm later, on whoever runs it: `exec(row["code"])` gives it the
-user's interpreter. The policy (filters/sandbox/static_check.py) holds whatever the task does
+user's interpreter. The grammar (filters/grammar/) holds whatever the task does
 at run time, since it refuses the code that could reach the file system, processes or the
 network at all. A dataset from anywhere, opsynth's own or not, is checked the same way.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import types
 from collections.abc import Mapping
 
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 
 
 class UnsafeTask(ValueError):

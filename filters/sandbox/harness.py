@@ -187,7 +187,7 @@ def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, 
         # product and a sum (a red team's, whose readings disagreed at every size) would be
         # spelled out as its ops, `mul relu mul` or `mul sum`: untraced
         return Reading(None)
-    from filters.sandbox.static_check import static_check
+    from filters.grammar import static_check
     if static_check(code) is not None:  # a reference task, or one `dedupe` was given, the policy refuses
         return Reading(graph)
     try:

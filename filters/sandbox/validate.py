@@ -4,7 +4,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from filters.sandbox.pool import WorkerPool
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from filters.store import VerdictStore
 from operators.records import Candidate, Verdict
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from filters.sandbox.harness import WARM_UP_TASK
 from filters.sandbox.pool import WORKER_ENV, SandboxOptions, WorkerPool
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from operators.catalog import load_or_crawl
 from pipeline.composers.template import CompositionFailed, TemplateComposer
 from operators.libraries import DEFAULT_LIBRARIES

@@ -1,10 +1,14 @@
-"""The static policy over KernelBench's levels 1-3: which tasks it refuses, and why.
+"""The grammar over KernelBench's levels 1-3 and over a crawled catalog: which tasks it refuses,
+and why.
 
     python -m tests.benchmarks.kernelbench_policy PATH_TO_KERNELBENCH_CHECKOUT [--levels 1 2 3]
+    python -m tests.benchmarks.kernelbench_policy --catalog CATALOG.parquet   # opsynth crawl --out
 
 PATH is a checkout of ScalingIntelligence/KernelBench (the folder holding `KernelBench/level1`,
-or that folder itself). The policy is meant for tasks of exactly this kind, so it should refuse
-almost none: each refusal is printed with its reason and detail, then a count per level. Nothing
+or that folder itself). The grammar is meant for tasks of exactly this kind, so it should refuse
+almost none: each refusal is printed with its reason and detail, then a count per level. With
+--catalog, the seed of every runnable op of a catalog is judged the same way (a crawl keeps
+only seeds the grammar allows, so a refusal there is an op a changed rule would drop). Nothing
 of KernelBench is copied into this repository; the tasks are read where they lie.
 """
 from __future__ import annotations
@@ -13,7 +17,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 
 
 def level_folders(checkout: Path, levels: list[int]) -> dict[int, Path]:
@@ -28,18 +32,34 @@ def judge(folder: Path) -> tuple[int, list[tuple[str, tuple[str, str]]]]:
     return len(tasks), refused
 
 
+def judge_catalog(path: Path) -> tuple[int, list[tuple[str, tuple[str, str]]]]:
+    """(runnable seeds read, [(op name, (reason, detail)) for each refused seed])."""
+    import pandas
+
+    catalog = pandas.read_parquet(path)
+    runnable = catalog[catalog["runnable"]]
+    refused = [(row.name, verdict) for row in runnable.itertuples() if (verdict := static_check(row.seed_code))]
+    return len(runnable), refused
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("checkout", type=Path)
+    parser.add_argument("checkout", type=Path, nargs="?")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--catalog", type=Path, help="a catalog Parquet file (`opsynth crawl --out`)")
     args = parser.parse_args()
     totals = Counter()
-    for level, folder in level_folders(args.checkout, args.levels).items():
-        read, refused = judge(folder)
+    folders = level_folders(args.checkout, args.levels) if args.checkout else {}
+    sets = [(f"level{level}", lambda folder=folder: judge(folder)) for level, folder in folders.items()]
+    sets += [("catalog", lambda: judge_catalog(args.catalog))] if args.catalog else []
+    if not sets:
+        parser.error("give a KernelBench checkout, --catalog, or both")
+    for label, run in sets:
+        read, refused = run()
         for name, (reason, detail) in refused:
-            print(f"level{level}/{name}: {reason}: {detail}")
-        totals[f"level{level}"] = len(refused)
-        print(f"level{level}: {len(refused)} of {read} refused")
+            print(f"{label}/{name}: {reason}: {detail}")
+        totals[label] = len(refused)
+        print(f"{label}: {len(refused)} of {read} refused")
     print(f"total: {sum(totals.values())} refused")
 
 

@@ -252,7 +252,7 @@ def test_every_rewrite_of_a_reference_task_is_caught(kind, traced_reference, poo
     """The same function in other ops (activations written out), under a condition on the
     data the meta device cannot decide, or computed in two halves: each rewrite computes
     what its original computes (checked here), and each is caught."""
-    from filters.sandbox.static_check import static_check
+    from filters.grammar import static_check
     index, cache = traced_reference
     for path in sorted((REFERENCE / "level2").glob("*.py")):
         original, copy = path.read_text(), REWRITES[kind](path.read_text())

@@ -15,7 +15,7 @@ from filters.sandbox.resize import small_problem
 from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, GROUP_COUNTS_TRIED, OVERLAP_SEARCH_NODES, TraceTooLong,
                                      UntracedAliasing, ValuesThroughPython, _apart, _apart_values, _dim_tests,
                                      _matmul_shape, _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "level2"

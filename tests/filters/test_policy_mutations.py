@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from tests.conftest import make_task
 
 DUNDER_GLOBALS = '"_" * 2 + "glob" + "als" + "_" * 2'

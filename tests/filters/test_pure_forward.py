@@ -1,8 +1,8 @@
 """The grammar of a task and the purity of forward: each rule refuses one case and lets the
-closest legitimate one through (filters/sandbox/static_check.py: _Grammar, _Purity)."""
+closest legitimate one through (filters/grammar/pure_forward.py)."""
 import pytest
 
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from tests.conftest import make_task
 
 BUFFER = 'self.register_buffer("acc", torch.zeros(features))'
@@ -118,7 +118,7 @@ PAIRS = [
      "impure_forward"),
     ("data-dependent conditional expression",
      make_task("return x if bool(x.any()) else -x"),
-     make_task("return x if self.training else -x"),
+     make_task("return x if self.flip else -x", init="self.flip = True"),
      "impure_forward"),
     (".item()",
      make_task("return x * x.mean().item()"),
@@ -136,14 +136,15 @@ PAIRS = [
      make_task("return x if x.is_meta else -x"),
      make_task("return x if x.dim() == 2 else -x"),
      "impure_forward"),
+    # torch.is_grad_enabled and data_ptr are on no allowlist: refused before the purity rules
     ("grad mode",
      make_task("return x if torch.is_grad_enabled() else -x"),
      make_task("return x if self.w is None else -x", init="self.w = None"),
-     "impure_forward"),
+     "forbidden_call"),
     ("data_ptr",
      make_task("return x * (x.data_ptr() % 7)"),
      make_task("return x * (x.numel() % 7)"),
-     "impure_forward"),
+     "forbidden_call"),
     ("forward calls __init__ again",
      make_task("self.__init__()\nreturn x @ self.w", init=WEIGHT),
      make_task("return x @ self.w", init=WEIGHT),

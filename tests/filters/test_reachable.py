@@ -1,16 +1,15 @@
-"""An attacker's walk over everything the static policy lets a task name.
+"""An attacker's walk over everything the allowlist lets a task name.
 
-The policy allows a name by where it lives, then lets a task follow any public attribute of
-what it holds. This walks that whole graph, as a task could: from every public object of
-the allowed namespaces and of the run's library ops, and from the values a task holds at run
-time (its module, a tensor and its autograd node, a storage, a generator, a hook handle, an
-instance of each library op), through every attribute the policy lets it write, with no depth
-limit (an instance is walked once per type). Nothing on the way may be a module outside the allowlist, a builtin the policy
-refuses, or a function of a package outside the allowlist: any of those hands a task the
-interpreter (as kornia's LazyLoader did, test_static_check)."""
-import ast
+A task holds the allowlist's objects (every tensor function, layer, initialiser and math
+function, and the run's library ops) and the values it makes at run time (its module, a
+tensor, a layer of each kind, a named tuple, a list). From each, it may follow only the
+attribute names the allowlist lets a task use on a value (and its own). This walks that whole
+graph, with no depth limit (an instance is walked once per type), and then again from what
+each allowed function returns when called. Nothing on the way may be a module (a module is
+never a value), a builtin the policy refuses, a function of a package outside torch, math and
+the library, or one of torch's functions that are not tensor functions (global setters, loaders,
+modes): any of those hands a task the interpreter or the state of the process that runs it."""
 import builtins
-import functools
 import importlib
 import json
 import os
@@ -21,46 +20,76 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.overrides
 
-from filters.sandbox import static_check as policy
+from filters.grammar import allowlist as allowed
+from filters.grammar import policy, static_check
 from filters.sandbox.execution import load_task
 from tests.conftest import make_task
 
 LIBRARY_OPS = frozenset({"kornia.filters.GaussianBlur2d", "kornia.filters.gaussian_blur2d",
                          "einops.layers.torch.Rearrange", "einops.layers.torch.Reduce"})
-ALLOWED_ROOTS = {"torch", "builtins", "opsynth_task", *(name.split(".")[0] for name in policy.STDLIB_MODULES),
-                 *(name.split(".")[0] for name in LIBRARY_OPS)}
+ALLOWED_HOMES = {"torch", "builtins", "math", "opsynth_task", "kornia", "einops"}
 # Packages torch's own objects come from (their functions are torch's, reached as such).
 TORCH_HOMES = {"typing_extensions", "sympy", "numpy", "abc", "types", "weakref", "contextlib", "copy", "inspect",
                "warnings", "re", "enum", "dataclasses", "functools", "collections", "itertools", "operator"}
-
-
 TASK = make_task("return self.linear(x)", init="self.linear = nn.Linear(256, 256)")
 
 
+def _allowlist():
+    return allowed.allowlist().with_library_ops(LIBRARY_OPS)
+
+
+def _global_state_functions() -> set[int]:
+    """torch's functions the allowlist leaves out: its setters, seeds, modes and loaders (what
+    torch.overrides lists as ignored, and every other function of torch's namespaces)."""
+    listed = _allowlist().objects
+    candidates = [*torch.overrides.get_ignored_functions(),
+                  *(found for namespace in allowed.NAMESPACES if namespace.startswith("torch")
+                    for found in vars(importlib.import_module(namespace)).values())]
+    return {id(function) for function in candidates
+            if callable(function) and not isinstance(function, type) and id(function) not in listed}
+
+
 def _starts():
-    check = policy._Policy(ast.parse(""), LIBRARY_OPS)
-    for namespace in sorted(policy.TORCH_NAMESPACES | policy.STDLIB_MODULES | check.library_ops.modules):
+    names = _allowlist().objects
+    for namespace in sorted(_allowlist().namespaces):
         module = importlib.import_module(namespace)
-        for name in dir(module):
-            dotted = f"{namespace}.{name}"
-            try:
-                found = getattr(module, name)
-                check._allowed_object(dotted, found, None)
-                check._library_op(dotted, found, [], None)
-            except Exception:  # refused by the policy (or not there): a task cannot start here
-                continue
-            if not name.startswith("_") and not isinstance(found, types.ModuleType):
-                yield dotted, found
-    tensor = torch.rand(3, 4, requires_grad=True)
+        for name, found in vars(module).items():
+            if id(found) in names and not name.startswith("_"):
+                yield f"{namespace}.{name}", found
     model = load_task(TASK).Model()  # the task's own code: its module is opsynth_task
+    tensor = torch.rand(3, 4)
     yield "self", model
     yield "tensor", tensor * 2
-    yield "tensor.grad_fn", (tensor * 2).grad_fn
-    yield "storage", tensor.detach().untyped_storage()
-    yield "generator", torch.Generator()
-    yield "hook", model.register_forward_hook(lambda *args: None)
+    yield "parameter", model.linear.weight
     yield "max", torch.max(tensor, 0)
+    yield "size", tensor.shape
+    yield "finfo", torch.finfo(torch.float32)
+    yield "list", [tensor]
+    yield "dict", {"a": tensor}
+    yield "text", "a b"
+    # what else Python hands a task: a generator, an exception, its own functions, classes and methods
+    yield "generator", (value for value in [tensor])
+    yield "exception", ValueError("x")
+    yield "function", load_task(TASK).get_inputs
+    yield "class", load_task(TASK).Model
+    yield "method", model.forward
+    yield "no_grad", torch.no_grad()
+    yield "device", tensor.device
+    yield "dtype", tensor.dtype
+    yield "range", range(3)
+    yield "slice", slice(1, 2)
+    yield "map", map(abs, [1])
+    yield "zip", zip([1], [2])
+    for name, layer in vars(torch.nn).items():
+        if id(layer) in names and isinstance(layer, type) and issubclass(layer, torch.nn.Module):
+            for arguments in ((), (4,), (4, 4), (4, 4, 3)):
+                try:
+                    yield f"nn.{name}{arguments}", layer(*arguments)
+                    break
+                except Exception:
+                    continue
     import einops.layers.torch
     import kornia.filters
     yield "blur", kornia.filters.GaussianBlur2d((3, 3), (1.5, 1.5))
@@ -68,10 +97,16 @@ def _starts():
 
 
 def _walk(starts):
-    """(path, what is wrong) for everything refused that a task can reach from `starts`,
-    and how many objects the walk went through."""
+    """(path, what is wrong) for everything refused that a task can reach from `starts`
+    through the attribute names it may use on a value, and how many objects the walk went
+    through. A task's own attribute names are its to choose: any name no kind of object it
+    could hold answers to (allowlist.foreign_attributes) is walked as if the task had made it
+    its own, as a red team did with `gi_frame`."""
+    names = _allowlist()
+    foreign = allowed.foreign_attributes()
     refused_builtins = {id(getattr(builtins, name)) for name in policy.DANGEROUS_BUILTINS
                         if callable(getattr(builtins, name)) and not isinstance(getattr(builtins, name), type)}
+    global_state = _global_state_functions()
     seen, found = set(), []
     frontier = list(starts)
     while frontier:
@@ -85,36 +120,41 @@ def _walk(starts):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                names = dir(value)
+                attributes = dir(value)
             except Exception:
                 continue
-            for name in names:
-                if name.startswith("_") or name in policy.DENIED_ATTRIBUTES:
-                    continue  # the policy refuses both on any object
+            for name in attributes:
+                if not (names.allows_value_attribute(name) or name not in foreign):
+                    continue  # the policy refuses the name on any value, and as a task's own
                 try:
                     step = getattr(value, name)
                 except Exception:
                     continue
                 where = f"{path}.{name}"
-                if isinstance(step, types.ModuleType):
-                    if step.__name__ not in policy.TORCH_NAMESPACES | policy.STDLIB_MODULES:
-                        found.append((where, f"the module {step.__name__}"))
-                    continue  # a module is never a value: the policy checks chains through one by name
-                if id(step) in refused_builtins:
-                    found.append((where, f"the builtin {step.__name__}"))
-                    continue
-                home = getattr(step, "__module__", None) if callable(step) else None
-                if isinstance(home, str) and home.split(".")[0].lstrip("_") not in ALLOWED_ROOTS | TORCH_HOMES:
-                    found.append((where, f"a function of {home}"))
-                    continue
-                if not isinstance(step, (int, float, complex, str, bytes, bool, type(None))):
+                problem = _problem(step, refused_builtins, global_state)
+                if problem:
+                    found.append((where, problem))
+                elif not isinstance(step, (int, float, complex, str, bytes, bool, type(None))):
                     frontier.append((where, step))
     return found, len(seen)
 
 
+def _problem(step, refused_builtins: set[int], global_state: set[int]) -> str | None:
+    if isinstance(step, types.ModuleType):
+        return f"the module {step.__name__}"
+    if id(step) in refused_builtins:
+        return f"the builtin {step.__name__}"
+    if id(step) in global_state or id(getattr(step, "__func__", None)) in global_state:
+        return f"torch's {getattr(step, '__name__', step)}, no tensor function"
+    home = getattr(step, "__module__", None) if callable(step) else None
+    if isinstance(home, str) and home.split(".")[0].lstrip("_") not in ALLOWED_HOMES | TORCH_HOMES:
+        return f"a function of {home}"
+    return None
+
+
 def test_no_allowed_name_leads_out_of_the_allowlist():
     found, walked = _walk(_starts())
-    assert walked > 2_500  # the walk really went through torch
+    assert walked > 1_500  # the walk really went through torch
     assert not found, "\n".join(f"{path}: {what}" for path, what in found[:20])
 
 
@@ -123,9 +163,9 @@ PROBE_ARGUMENTS = ((), ("cuda",), ("cpu",), ("os",), ("torch.os",))
 
 def _call_results(starts):
     """What each function among `starts` returns when a task calls it with a few plausible
-    arguments (a device name, a module's name): `torch.get_device_module("cuda")` handed a
-    task `torch.cuda`, and with it `os`, though no attribute chain reached it. Classes are
-    left out (an instance of each kind a task holds is a start already)."""
+    arguments (a device name, a module's name, a tensor): `torch.get_device_module("cuda")`
+    handed a task `torch.cuda`, and with it `os`, though no attribute chain reached it.
+    Classes are left out (an instance of each kind a task holds is a start already)."""
     import signal
 
     def too_long(*_):
@@ -148,11 +188,10 @@ def _call_results(starts):
 
 
 def _results_walk() -> tuple[list, int]:
-    """What `_walk` finds refused from every call result, and a module outside the allowed
-    namespaces returned by a call."""
+    """What `_walk` finds refused from every call result, and a module a call returns."""
     found, results = [], []
     for where, result in _call_results(_starts()):
-        if isinstance(result, types.ModuleType) and result.__name__ not in policy.TORCH_NAMESPACES:
+        if isinstance(result, types.ModuleType):
             found.append((where, f"the module {result.__name__}"))
             continue
         results.append((where, result))
@@ -180,18 +219,18 @@ def test_the_call_walk_finds_a_module_a_call_returns():
 
 
 class _Leaky:
-    """What the walk exists to find: an innocent-looking object one attribute away from the
-    interpreter (kornia.core.external holds `subprocess`, `sys` and a LazyLoader)."""
-    helper = functools.partial(os.system)
-    loader = importlib
+    """What the walk exists to find: an innocent-looking object one allowed attribute away
+    from the interpreter or from the process's state."""
+    apply = staticmethod(os.system)
+    values = importlib
+    add = torch.set_default_dtype
 
 
 def test_the_walk_finds_a_route_where_there_is_one():
-    found, _ = _walk([("leaky", _Leaky), ("kornia.core.external", importlib.import_module("kornia.core.external"))])
-    found = dict(found)
-    assert found["leaky.helper.func"] == "a function of posix"
-    assert found["leaky.loader"] == "the module importlib"
-    assert found["kornia.core.external.subprocess"] == "the module subprocess"
+    found = dict(_walk([("leaky", _Leaky)])[0])
+    assert found["leaky.apply"] == "a function of posix"
+    assert found["leaky.values"] == "the module importlib"
+    assert found["leaky.add"] == "torch's set_default_dtype, no tensor function"
 
 
 DROPPED_STDLIB = ("functools", "itertools", "typing", "dataclasses", "collections", "enum", "operator", "numbers")
@@ -201,9 +240,9 @@ def test_no_stdlib_helper_is_a_start():
     """functools.update_wrapper sets attributes by name, dataclasses and typing run source
     built from strings: none of them is importable, and none is a start through torch
     either (`torch.nn.init.TypeVar` is typing's)."""
-    assert policy.STDLIB_MODULES == {"math"}
+    assert "math" in allowed.NAMESPACES and not set(DROPPED_STDLIB) & set(allowed.NAMESPACES)
     for module in DROPPED_STDLIB:
-        assert policy.static_check(make_task("return x", header=f"import {module}"))[0] == "forbidden_import"
+        assert static_check(make_task("return x", header=f"import {module}"))[0] == "forbidden_import"
     homes = {getattr(found, "__module__", None) for _, found in _starts() if callable(found)}
     assert not {home for home in homes if isinstance(home, str) and home.split(".")[0] in DROPPED_STDLIB}
-    assert policy.static_check(make_task("return x", header="from torch.nn.init import TypeVar"))[0] == "forbidden_call"
+    assert static_check(make_task("return x", header="from torch.nn.init import TypeVar"))[0] == "forbidden_call"

@@ -1,6 +1,6 @@
 import pytest
 
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from tests.conftest import make_task
 
 
@@ -146,12 +146,12 @@ def test_a_tasks_own_private_names_stay_allowed():
 def test_inlined_library_code_is_screened_like_a_task():
     """What a crawl inlines into seeds (no task interface yet) passes the same rules, or its
     op is listed as `unsafe_source`."""
-    from filters.sandbox.static_check import screen_definitions
+    from filters.grammar import screen_definitions
 
     assert screen_definitions("import torch\n\ndef scaled(x):\n    return x * 2\n") is None
     assert screen_definitions("def pick(obj):\n    return getattr(obj, 'weight')\n")[0] == "forbidden_call"
     assert screen_definitions("import numpy as np\n")[0] == "forbidden_import"
-    rejected = screen_definitions("import torch\nclass Noisy:\n    def forward(self, x):\n        return torch.rand_like(x)\n")
+    rejected = screen_definitions("import torch\nclass Noisy(torch.nn.Module):\n    def forward(self, x):\n        return torch.rand_like(x)\n")
     assert rejected[0] == "stochastic_op"
 
 

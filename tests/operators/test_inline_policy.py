@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from filters.sandbox.static_check import screen_definitions
+from filters.grammar import screen_definitions
 from operators.inline import InlineRules, inline
 
 LAYERS = textwrap.dedent('''

@@ -3,7 +3,7 @@ import ast
 import pytest
 import torch
 
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from operators.layouts import LAYOUTS
 from operators.records import OpSpec
 from operators.records import normalized_code, task_id

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from filters.sandbox.static_check import static_check
+from filters.grammar import static_check
 from operators.layouts import LAYOUTS
 from operators.records import Candidate, Verdict, task_id
 from operators.roles import (ANCHOR, COMPUTE_HEAVY, EPILOGUE, LAYOUT, REAL, REDUCTION, discontinuous, domain_of, feeds,

@@ -1,553 +1,21 @@
-"""The static check: a grammar of pure tensor programs, decided from the source alone.
-
-A task is refused unless it is one: three passes, each raising the first refusal it finds.
-- _Policy, what a task may reach: imports of torch's op namespaces, math and the run's library
-  ops, every alias and attribute chain resolved on the real modules; no computed attribute
-  name (getattr, .format, names built at run time for register_buffer and the like); no
-  dunder, frame or private internals; no stochastic op outside __init__ and the input builders;
-- _Grammar, the shape of the module: imports, constants, nn.Module classes and plain functions;
-- _Purity, forward and everything it reaches: no state written or kept, no control flow on
-  tensor values, no questions about how it runs (device, dtype, compiling, storage).
-docs/sandbox.md says why each rule is there.
-
-Returns None for a task that may go to the sandbox, or (reason, detail) for one that may
-not; the detail says what to write instead. Reason codes: syntax_error, bad_interface,
-forbidden_import, forbidden_call, stochastic_op, impure_forward.
+"""forward is a pure function of its inputs and of what __init__ built, and so is everything it
+can reach: it writes no state (self, module globals, its inputs, a closure), keeps none between
+calls (iterators, generators), branches only on constants, config, shapes and `is None`, and
+never asks how it runs (device, dtype, compiling). The functions forward does not reach
+(__init__, get_inputs, get_init_inputs) keep the rules that tell the checks' run from the
+trace's: no question of how the code runs, and no branch on tensor values. docs/sandbox.md
+says why each rule is there.
 """
 from __future__ import annotations
 
 import ast
-import builtins
-import importlib
-import re
-import types
-from functools import lru_cache
 
 import torch
 
-TORCH_NAMESPACES = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.fft",
-                              "torch.linalg", "torch.special", "torch.masked", "torch.nn.utils", "torch.nn.utils.parametrize",
-                              "torch.nn.utils.parametrizations"})
-# No stdlib helper that reaches attributes by name or runs source built from strings
-# (functools.update_wrapper, dataclasses, typing, operator.attrgetter, itertools' state):
-# math is pure functions of numbers.
-STDLIB_MODULES = frozenset({"math"})
-FUTURE_FEATURES = frozenset({"annotations"})
-# Reachable through an allowed namespace, and still denied: files, processes, global state,
-# code from strings, dynamic attribute access.
-DENIED = frozenset({
-    # returns a module by name (`torch.get_device_module("cuda").os`): found by a red team's
-    # call of every allowed function (tests/filters/test_reachable.py now walks call results)
-    "torch.get_device_module",
-    "torch.load", "torch.save", "torch.from_file", "torch.compile", "torch.manual_seed", "torch.seed",
-    "torch.initial_seed", "torch.set_rng_state", "torch.get_rng_state", "torch.use_deterministic_algorithms",
-    "torch.set_default_device", "torch.set_default_dtype", "torch.set_default_tensor_type", "torch.set_num_threads",
-    "torch.set_num_interop_threads", "torch.set_flush_denormal", "torch.set_warn_always", "torch.set_printoptions",
-    "torch.set_float32_matmul_precision", "torch.set_deterministic_debug_mode", "torch.set_anomaly_enabled",
-    "torch.fork_rng", "torch.typename", "torch.register_module_forward_hook", "torch.nn.utils.stateless",
-    "torch.prepare_multiprocessing_environment",
-    # its subscript is getattr on itself with the key: a computed attribute name
-    "torch.nn.ParameterDict",
-})
-# Attribute names denied on any object: files, shared memory, leaving torch, frames and code.
-DENIED_ATTRIBUTES = frozenset({
-    "tofile", "numpy", "dump", "dumps", "from_file", "save", "load", "system", "popen", "share_memory_",
-    "share_memory", "mro", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "ag_frame", "ag_code",
-    "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "tb_next", "co_code", "co_consts",
-    "func_globals", "register_module_forward_hook", "register_module_forward_pre_hook",
-    "register_module_full_backward_hook", "register_module_buffer_registration_hook",
-    "register_module_parameter_registration_hook", "register_module_module_registration_hook",
-    "with_traceback",
-    # the format mini-language reaches attributes by name ("{0.__globals__}" built at run time)
-    "format", "format_map",
-    # an nn.Module's members by a dotted name held in a string
-    "get_submodule", "get_parameter", "get_buffer", "set_submodule",
-    # a Python function called on each element, its result written where no op runs (a red
-    # team's `y.map_(h, lambda a, b: b)` copied a layer's output past the trace)
-    "apply_", "map_", "map2_",
-})
-# The random generators' seeds and states: which seed the checks drew from, read by
-# `torch.default_generator.initial_seed()`, gated a layer that a trace, drawn otherwise, never saw.
-RNG_STATE_ATTRIBUTES = frozenset({
-    "default_generator", "default_generators", "initial_seed", "get_state", "set_state", "graphsafe_get_state",
-    "graphsafe_set_state", "get_offset", "set_offset", "clone_state", "get_rng_state", "set_rng_state",
-    "get_rng_state_all", "set_rng_state_all",
-})
-SAFE_BUILTINS = frozenset({
-    "abs", "all", "any", "bool", "callable", "chr", "complex", "dict", "divmod", "enumerate", "filter", "float",
-    "frozenset", "hasattr", "hash", "input", "int", "isinstance", "issubclass", "len", "list", "map", "max",
-    "min", "object", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set", "slice",
-    "sorted", "staticmethod", "classmethod", "str", "sum", "super", "tuple", "zip", "NotImplemented", "Ellipsis",
-    "True", "False", "None", "Exception", "ValueError", "TypeError", "RuntimeError", "NotImplementedError",
-    "AssertionError", "KeyError", "IndexError", "AttributeError", "ZeroDivisionError", "ArithmeticError",
-    "StopIteration", "bytes", "id", "format", "UserWarning", "Warning",
-})  # not iter or next: an iterator kept between calls is state
-DANGEROUS_BUILTINS = frozenset(name for name in dir(builtins) if name not in SAFE_BUILTINS)
-ALLOWED_DUNDERS = frozenset({"__init__"})
-# Calls that name an attribute of a module by a string: the name must be written out.
-NAME_ARGUMENTS = {"hasattr": (1, "name"), "register_buffer": (0, "name"), "register_parameter": (0, "name"), "add_module": (0, "name"),
-                  "register_module": (0, "name"), "weight_norm": (1, "name"), "spectral_norm": (1, "name"),
-                  "remove_weight_norm": (1, "name"), "remove_spectral_norm": (1, "name"), "orthogonal": (1, "name"),
-                  "register_parametrization": (1, "tensor_name"), "remove_parametrizations": (1, "tensor_name"),
-                  "is_parametrized": (1, "tensor_name"), "transfer_parametrizations_and_params": (2, "tensor_name")}
-# What the task's own code may set on a tensor or module it holds (everything else a tensor
-# or nn.Module has is a method the checks call).
-SETTABLE = frozenset({"data", "requires_grad", "training", "grad"})
-MODULE_OVERRIDABLE = frozenset({"__init__", "forward", "extra_repr", "reset_parameters", "training"})
-STOCHASTIC_CALLS = frozenset({
-    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_", "multinomial",
-    "randperm", "normal", "normal_", "uniform_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_",
-    "poisson", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
-    "rrelu_", "gumbel_softmax", "dropout_", "alpha_dropout_", "feature_alpha_dropout_"})
-RANDOM_ALLOWED_IN = frozenset({"__init__", "reset_parameters", "_reset_parameters", "get_inputs", "get_init_inputs"})
-INTERFACE = {"Model": ast.ClassDef, "get_inputs": ast.FunctionDef, "get_init_inputs": ast.FunctionDef}
-DUNDER = re.compile(r"__\w+__")
-_MODULE_ATTRIBUTES = frozenset(dir(torch.nn.Module))
-_TENSOR_AND_MODULE_ATTRIBUTES = frozenset(dir(torch.Tensor)) | _MODULE_ATTRIBUTES
-# what an nn.Module or a tensor keeps under a private name, its instance state included
-_PRIVATE_INTERNALS = frozenset(name for name in {*dir(torch.nn.Module()), *dir(torch.empty(0))} if name.startswith("_"))
+from filters.grammar.policy import SAFE_BUILTINS
+from filters.grammar.syntax import Rejected, chain as _chain, position as _position, target_names as _target_names
 
-
-class Rejected(Exception):
-    def __init__(self, reason: str, node: ast.AST | None, detail: str):
-        line = f"line {node.lineno}: " if node is not None and hasattr(node, "lineno") else ""
-        super().__init__(line + detail)
-        self.reason = reason
-
-
-def static_check(code: str, library_ops: frozenset[str] = frozenset()) -> tuple[str, str] | None:
-    """None, or (reason, detail). `library_ops` are the dotted names of the run's ops from
-    added libraries (`kornia.filters.GaussianBlur2d`, operators.task.library_ops): a task may
-    import the modules that hold them and use exactly those objects."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as error:
-        return "syntax_error", f"line {error.lineno}: {error.msg}"
-    return _interface(tree) or _check(tree, frozenset(library_ops))
-
-
-def screen_definitions(code: str) -> tuple[str, str] | None:
-    """The static check for library code a crawl inlines into seeds (no task interface yet)."""
-    return _check(ast.parse(code), frozenset())
-
-
-def _interface(tree: ast.Module):
-    defined = {node.name: type(node) for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
-    missing = [name for name, kind in INTERFACE.items() if defined.get(name) is not kind]
-    if missing:
-        return "bad_interface", f"the task must define {', '.join(missing)} at module level"
-    return None
-
-
-def _check(tree: ast.Module, library_ops: frozenset[str]):
-    """What the task may reach first, then the shape of the module, then forward's purity."""
-    try:
-        policy = _Policy(tree, library_ops)
-        policy.check()
-        _Grammar(policy).check()
-        _Purity(policy).check()
-    except Rejected as rejected:
-        return rejected.reason, str(rejected)
-    return None
-
-
-class _Policy:
-    def __init__(self, tree: ast.Module, library_ops: frozenset[str]):
-        self.tree = tree
-        self.library_ops = _LibraryOps.of(library_ops)
-        self.modules: dict[str, str] = {}  # a name an import binds to a module -> the module's dotted name
-        self.objects: dict[str, str] = {}  # a name a from-import binds to an object -> its dotted name
-        self.classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-        self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        # private names the task itself gives a value (`self._scale = ...`, `def _helper`)
-        self.own_private = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-                            and isinstance(node.ctx, ast.Store)} | {
-            node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-
-    def check(self) -> None:
-        for node in ast.walk(self.tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                self._import(node)
-        for node in ast.walk(self.tree):
-            self._node(node)
-
-    # -- imports ------------------------------------------------------------------------
-
-    def _import(self, node) -> None:
-        if isinstance(node, ast.ImportFrom):
-            if node.level or not node.module:
-                raise Rejected("forbidden_import", node, "relative import")
-            if node.module == "__future__":
-                if any(alias.name not in FUTURE_FEATURES for alias in node.names):
-                    raise Rejected("forbidden_import", node, "only `from __future__ import annotations` is allowed")
-                return
-            self._allowed_module(node.module, node)
-            for alias in node.names:
-                if alias.name == "*":
-                    raise Rejected("forbidden_import", node, f"`from {node.module} import *`")
-                dotted = f"{node.module}.{alias.name}"
-                found = _resolve(dotted)
-                if isinstance(found, types.ModuleType):
-                    self._allowed_module(found.__name__, node)
-                    self.modules[alias.asname or alias.name] = found.__name__
-                else:
-                    self._allowed_object(dotted, found, node)
-                    self._library_op(dotted, found, [], node)
-                    self.objects[alias.asname or alias.name] = dotted
-            return
-        for alias in node.names:
-            self._allowed_module(alias.name, node)
-            if alias.asname:
-                self.modules[alias.asname] = alias.name
-            else:
-                root = alias.name.split(".")[0]
-                self.modules[root] = root
-
-    def _allowed_module(self, name: str, node, reached: bool = False) -> None:
-        if name in TORCH_NAMESPACES or name in STDLIB_MODULES or name in self.library_ops.modules:
-            return
-        if reached:
-            raise Rejected("forbidden_call", node, f"the module {name!r} is outside the allowed namespaces")
-        allowed = sorted(TORCH_NAMESPACES | STDLIB_MODULES | self.library_ops.modules)
-        raise Rejected("forbidden_import", node, f"import of {name!r} (allowed: {', '.join(allowed)})")
-
-    def _allowed_object(self, dotted: str, found, node) -> None:
-        leaf = dotted.rsplit(".", 1)[-1]
-        if dotted in DENIED or leaf in DENIED_ATTRIBUTES:
-            raise Rejected("forbidden_call", node, f"{dotted!r} reaches outside the task")
-        if leaf.startswith("_"):
-            raise Rejected("forbidden_call", node, f"{dotted!r} is private")
-        if any(found is getattr(builtins, name, None) for name in DANGEROUS_BUILTINS):
-            raise Rejected("forbidden_call", node, f"{dotted!r} is the builtin {found.__name__!r}")
-        home = getattr(found, "__module__", None) if callable(found) else None
-        if isinstance(home, str) and home.split(".")[0].lstrip("_") not in self._roots() and home != "builtins":
-            raise Rejected("forbidden_call", node, f"{dotted!r} comes from {home!r}, outside the allowed libraries")
-
-    def _roots(self) -> set[str]:
-        return {"torch", *(m.split(".")[0] for m in STDLIB_MODULES), *self.library_ops.roots}
-
-    def _library_op(self, dotted: str, found, rest: list[str], node) -> None:
-        """An object reached through an added library's module is one of the run's ops, and
-        the chain ends there: `kornia.filters.GaussianBlur2d`, not `.forward` or `._x`."""
-        module = dotted.rsplit(".", 1)[0]
-        if module not in self.library_ops.modules or module in TORCH_NAMESPACES or module in STDLIB_MODULES:
-            return
-        if not self.library_ops.holds(found):
-            allowed = sorted(self.library_ops.names)
-            raise Rejected("forbidden_call", node, f"{dotted!r} is not one of the run's {len(allowed)} ops from its "
-                                                   f"library ({', '.join(allowed[:4])}{', ...' if len(allowed) > 4 else ''})")
-        if rest:
-            raise Rejected("forbidden_call", node, f"{dotted}.{'.'.join(rest)}: a library op is called, "
-                                                   "not looked into")
-
-    # -- every node ---------------------------------------------------------------------
-
-    def _node(self, node: ast.AST) -> None:
-        if isinstance(node, (ast.AsyncFunctionDef, ast.AsyncFor, ast.AsyncWith, ast.Await)):
-            raise Rejected("forbidden_call", node, "async code")
-        if isinstance(node, (ast.Global, ast.Nonlocal)):
-            raise Rejected("forbidden_call", node, "global state")
-        if isinstance(node, ast.Match):
-            raise Rejected("forbidden_call", node, "match statements")
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            named = set(DUNDER.findall(node.value)) - ALLOWED_DUNDERS
-            if named:
-                raise Rejected("forbidden_call", node, f"dunder name in a string ({sorted(named)[0]})")
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            self._definition(node)
-        elif isinstance(node, ast.Name):
-            self._name(node)
-        elif isinstance(node, ast.arg):
-            self._binds(node.arg, node)
-        elif isinstance(node, ast.alias) and node.asname:
-            pass  # bound by the import itself
-        elif isinstance(node, ast.Attribute):
-            self._attribute(node)
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            for target in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
-                self._store(target)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            self._binds(node.name, node)
-        elif isinstance(node, ast.Call):
-            self._stochastic(node)
-            self._name_argument(node)
-
-    def _definition(self, node) -> None:
-        if node.name.startswith("__") and node.name not in ALLOWED_DUNDERS:
-            raise Rejected("forbidden_call", node, f"defines dunder method {node.name!r}")
-        self._binds(node.name, node)
-        if isinstance(node, ast.ClassDef):
-            if node.keywords:
-                raise Rejected("forbidden_call", node, "class keywords (a metaclass)")
-            for item in node.body:
-                names = ([item.name] if isinstance(item, ast.FunctionDef) else
-                         [t.id for t in item.targets if isinstance(t, ast.Name)] if isinstance(item, ast.Assign) else [])
-                for name in names:
-                    if name in _MODULE_ATTRIBUTES and name not in MODULE_OVERRIDABLE:
-                        raise Rejected("forbidden_call", item, f"overrides nn.Module.{name}, which the checks call")
-
-    def _binds(self, name: str, node) -> None:
-        if name in DANGEROUS_BUILTINS:
-            raise Rejected("forbidden_call", node, f"shadows the builtin {name!r}")
-        if name in self.modules or name in self.objects:
-            raise Rejected("forbidden_call", node, f"rebinds {name!r}, which an import bound")
-
-    def _name(self, node: ast.Name) -> None:
-        if DUNDER.fullmatch(node.id):
-            raise Rejected("forbidden_call", node, f"use of {node.id!r}")
-        if isinstance(node.ctx, (ast.Store, ast.Del)):
-            self._binds(node.id, node)
-            return
-        if node.id in DANGEROUS_BUILTINS:
-            raise Rejected("forbidden_call", node, f"use of {node.id!r}")
-        if node.id in self.modules and not isinstance(self.parents.get(node), ast.Attribute):
-            raise Rejected("forbidden_call", node, f"the module {self.modules[node.id]!r} used as a value")
-
-    def _attribute(self, node: ast.Attribute) -> None:
-        attr = node.attr
-        if attr.startswith("__") and attr not in ALLOWED_DUNDERS:
-            raise Rejected("forbidden_call", node, f"dunder access {attr!r}")
-        if attr in DENIED_ATTRIBUTES:
-            raise Rejected("forbidden_call", node, f".{attr} reaches the file system, the interpreter or leaves torch")
-        if attr in RNG_STATE_ATTRIBUTES:
-            raise Rejected("forbidden_call", node, f".{attr} reads or sets a random generator's seed or state: "
-                           "draw with torch.rand/randn instead")
-        if attr == "type":
-            self._type_method(node)
-        root, dotted = _chain(node)
-        if root in self.modules:
-            if isinstance(self.parents.get(node), ast.Attribute):
-                return  # checked whole, at the end of the chain
-            self._module_chain(self.modules[root] + dotted[len(root):], node)
-        elif root in self.objects and not isinstance(self.parents.get(node), ast.Attribute):
-            parts = dotted.split(".")[1:]
-            self._library_op(self.objects[root], _resolve(self.objects[root]), parts, node)
-            if attr.startswith("_") and attr not in ALLOWED_DUNDERS:
-                raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
-        elif attr.startswith("_") and attr not in ALLOWED_DUNDERS:
-            if root not in self.classes and not (root in ("self", "cls") and self._method_receiver(node, root)):
-                raise Rejected("forbidden_call", node, f"private attribute {attr!r}")
-            if attr in _PRIVATE_INTERNALS and attr not in self.own_private:
-                raise Rejected("forbidden_call", node, f"private attribute {attr!r} of nn.Module or a tensor")
-
-    def _method_receiver(self, node: ast.AST, name: str) -> bool:
-        """Whether `name` where `node` reads it is the receiver of a method of the task's own
-        class, never rebound: a module-level function's parameter called `self` may be a
-        tensor, and a red team reached its storage by `self._typed_storage()`."""
-        function = self.parents.get(node)
-        while function is not None and not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if isinstance(function, ast.Lambda) and name in {a.arg for a in ast.walk(function.args)
-                                                             if isinstance(a, ast.arg)}:
-                return False
-            function = self.parents.get(function)
-        if function is None or not isinstance(self.parents.get(function), ast.ClassDef) or any(
-                isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list):
-            return False  # a static method's first parameter is whatever it is given
-        positional = [*function.args.posonlyargs, *function.args.args]
-        rebound = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
-                      or isinstance(n, ast.arg) and n.arg == name and n not in positional
-                      for n in ast.walk(function))
-        return bool(positional) and positional[0].arg == name and not rebound
-
-    def _type_method(self, node: ast.Attribute) -> None:
-        """Tensor.type and Storage.type import the dotted name a string gives them; given a
-        torch dtype (`.type(torch.float32)`) they convert, as `.to(dtype)` does."""
-        call = self.parents.get(node)
-        given = call.args + [kw.value for kw in call.keywords] if isinstance(call, ast.Call) and call.func is node else None
-        if given is None or not all(isinstance(_resolve(self._dotted(arg)), torch.dtype) for arg in given):
-            raise Rejected("forbidden_call", node, ".type() imports what a string names: convert with .to(dtype), "
-                                                   "or give .type a torch dtype (x.type(torch.float32))")
-
-    def _dotted(self, node: ast.AST) -> str:
-        root, dotted = _chain(node)
-        if root in self.modules:
-            return self.modules[root] + dotted[len(root):]
-        return self.objects[root] + dotted[len(root):] if root in self.objects else "?"
-
-    def _module_chain(self, dotted: str, node) -> None:
-        """`torch.nn.functional.relu`: every module on the way allowed, the end not a module."""
-        parts = dotted.split(".")
-        for end in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:end])
-            found = _resolve(prefix)
-            if isinstance(found, types.ModuleType):
-                self._allowed_module(found.__name__, node, reached=True)  # `torch.os` is the module `os`
-                if end == len(parts):
-                    raise Rejected("forbidden_call", node, f"the module {prefix!r} used as a value")
-                continue
-            self._allowed_object(prefix, found, node)
-            rest = parts[end:]
-            self._library_op(prefix, found, rest, node)
-            private = [part for part in rest if part.startswith("_") and part not in ALLOWED_DUNDERS]
-            if private:
-                raise Rejected("forbidden_call", node, f"{dotted!r}: {private[0]!r} is private")
-            return  # past a class or function: its attributes are checked by name
-
-    def _store(self, target: ast.AST) -> None:
-        if isinstance(target, (ast.Tuple, ast.List)):
-            for element in target.elts:
-                self._store(element)
-            return
-        if not isinstance(target, (ast.Attribute, ast.Subscript)):
-            return
-        root, dotted = _chain(target.value if isinstance(target, ast.Subscript) else target)
-        if root in self.modules or root in self.objects:
-            raise Rejected("forbidden_call", target, f"assignment into {dotted!r}, which an import bound")
-        if not isinstance(target, ast.Attribute) or target.attr in SETTABLE:
-            return
-        on_self = isinstance(target.value, ast.Name) and target.value.id == "self"
-        if target.attr in (_MODULE_ATTRIBUTES if on_self else _TENSOR_AND_MODULE_ATTRIBUTES):
-            raise Rejected("forbidden_call", target, f"assignment to .{target.attr}, a method the checks call")
-
-    def _stochastic(self, node: ast.Call) -> None:
-        func = node.func
-        name = (self.objects.get(func.id, func.id) if isinstance(func, ast.Name)
-                else func.attr if isinstance(func, ast.Attribute) else "")
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in STOCHASTIC_CALLS and self._enclosing_function(node) not in RANDOM_ALLOWED_IN:
-            raise Rejected("stochastic_op", node, f"{leaf} outside __init__ and get_inputs makes the output random")
-
-    def _name_argument(self, node: ast.Call) -> None:
-        """`self.register_buffer(name, t)` and the like reach an attribute by the string they
-        are given; a name built at run time would be a computed attribute name."""
-        leaf = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(
-            node.func, ast.Name) else ""
-        if leaf not in NAME_ARGUMENTS:
-            return
-        index, keyword = NAME_ARGUMENTS[leaf]
-        given = [kw.value for kw in node.keywords if kw.arg == keyword]
-        given += node.args[index:index + 1] if len(node.args) > index else []
-        for value in given:
-            if not (isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value.isidentifier()
-                    and not value.value.startswith("_")):
-                raise Rejected("forbidden_call", node, f"{leaf} takes the attribute's name as a string: write it "
-                                                       f"out as a public name literal ({leaf}('weight', ...))")
-
-    def _enclosing_function(self, node) -> str | None:
-        while node in self.parents:
-            node = self.parents[node]
-            if isinstance(node, (ast.FunctionDef, ast.Lambda)):
-                return getattr(node, "name", "<lambda>")
-        return None
-
-
-# -- the grammar: what the module, its classes and its functions may hold -------------------
-
-CONSTANT_CALLS = frozenset({"int", "float", "min", "max", "abs", "round"})  # of constants, at module level
-DECORATORS = frozenset({"staticmethod", "classmethod", "property", "torch.no_grad", "torch.inference_mode"})
 ITERATOR_MAKERS = frozenset({"map", "filter", "zip", "enumerate", "reversed"})
-
-
-class _Grammar:
-    """Module level: imports, docstrings, `from __future__ import annotations`, constants
-    (numbers, bools, None, tuples of them, arithmetic of them and of earlier constants, and
-    lists of them: KernelBench's sizes for get_init_inputs), classes deriving from nn.Module
-    and plain functions. Nothing else runs when the task is loaded, so nothing else can hold
-    state between calls (and forward may change none of it, _Purity)."""
-
-    def __init__(self, policy: _Policy):
-        self.policy = policy
-        self.constants: set[str] = set()
-        self.classes: set[str] = set()
-
-    def check(self) -> None:
-        for statement in self.policy.tree.body:
-            if isinstance(statement, (ast.Import, ast.ImportFrom)) or _docstring(statement):
-                continue
-            if isinstance(statement, ast.Assign):
-                self._constant_assignment(statement, self.constants, "module level", lists=True)
-            elif isinstance(statement, ast.ClassDef):
-                self._class(statement)
-            elif isinstance(statement, ast.FunctionDef):
-                self._function(statement)
-            else:
-                raise Rejected("forbidden_call", statement, f"a {type(statement).__name__} statement at module level: "
-                               "the module holds only imports, constants, classes and functions; "
-                               "build tensors in get_inputs or __init__")
-        for node in ast.walk(self.policy.tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in self.policy.tree.body:
-                raise Rejected("forbidden_import", node, "an import inside a definition: import at the top of the file")
-
-    def _constant_assignment(self, node: ast.Assign, known: set[str], where: str, lists: bool = False) -> None:
-        if not all(isinstance(t, (ast.Name, ast.Tuple)) for t in node.targets) or not self._constant(
-                node.value, known, lists):
-            held = "tuples and lists" if lists else "tuples"
-            raise Rejected("forbidden_call", node, f"{where} holds only constants (numbers, bools, None, {held} of "
-                           "them, and arithmetic of those): build containers and tensors in __init__ or get_inputs")
-        known.update(name for target in node.targets for name in _target_names(target))
-
-    def _constant(self, node: ast.AST, known: set[str], lists: bool) -> bool:
-        constant = lambda child: self._constant(child, known, lists)  # noqa: E731
-        if isinstance(node, ast.Constant):
-            return node.value is None or isinstance(node.value, (bool, int, float, complex))
-        if isinstance(node, ast.Name):
-            return node.id in known
-        if isinstance(node, ast.UnaryOp):
-            return constant(node.operand)
-        if isinstance(node, ast.BinOp):
-            return constant(node.left) and constant(node.right)
-        if isinstance(node, ast.Tuple) or isinstance(node, ast.List) and lists:
-            return all(map(constant, node.elts))
-        if isinstance(node, ast.Attribute):  # math.pi
-            return self._dotted(node).startswith("math.")
-        if isinstance(node, ast.Call) and not node.keywords:
-            callee = node.func.id if isinstance(node.func, ast.Name) else self._dotted(node.func)
-            return (callee in CONSTANT_CALLS or callee.startswith("math.")) and all(map(constant, node.args))
-        return False
-
-    def _dotted(self, node: ast.AST) -> str:
-        root, dotted = _chain(node)
-        if root in self.policy.modules:
-            return self.policy.modules[root] + dotted[len(root):]
-        if root in self.policy.objects:
-            return self.policy.objects[root] + dotted[len(root):]
-        return dotted
-
-    def _class(self, node: ast.ClassDef) -> None:
-        if node.decorator_list:
-            raise Rejected("forbidden_call", node, f"class {node.name} is decorated: write a plain class")
-        for base in node.bases:
-            if not (isinstance(base, ast.Name) and base.id in self.classes or self._module_class(base)):
-                raise Rejected("forbidden_call", node, f"class {node.name} must derive from nn.Module "
-                               "(or from a class the task defined before it)")
-        self.classes.add(node.name)
-        if not node.bases:
-            raise Rejected("forbidden_call", node, f"class {node.name} must derive from nn.Module")
-        attributes = set(self.constants)
-        for item in node.body:
-            if _docstring(item) or isinstance(item, ast.Pass):
-                continue
-            if isinstance(item, ast.Assign):
-                self._constant_assignment(item, attributes, f"the body of class {node.name}")
-            elif isinstance(item, ast.FunctionDef):
-                self._function(item)
-            else:
-                raise Rejected("forbidden_call", item, f"class {node.name} holds only methods and constants")
-
-    def _module_class(self, base: ast.AST) -> bool:
-        found = _resolve(self._dotted(base)) if isinstance(base, (ast.Name, ast.Attribute)) else _MISSING
-        return isinstance(found, type) and issubclass(found, torch.nn.Module) and found.__module__.startswith("torch.")
-
-    def _function(self, node: ast.FunctionDef) -> None:
-        for decorator in node.decorator_list:
-            if self._dotted(decorator.func if isinstance(decorator, ast.Call) else decorator) not in DECORATORS:
-                raise Rejected("forbidden_call", decorator, f"{node.name} is decorated: only staticmethod, "
-                               "classmethod, property and torch.no_grad() are allowed")
-
-
-def _docstring(node: ast.AST) -> bool:
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-
-
-def _target_names(target: ast.AST) -> list[str]:
-    if isinstance(target, ast.Name):
-        return [target.id]
-    if isinstance(target, ast.Tuple):
-        return [name for element in target.elts for name in _target_names(element)]
-    return []
-
-
-# -- forward is a pure function -------------------------------------------------------------
 
 # Methods that change their receiver in place (a tensor's `*_` methods are found by name;
 # set.add and list.sort are not here: Tensor.add and Tensor.sort return new tensors).
@@ -586,7 +54,11 @@ ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose", "
                       "expand", "expand_as", "narrow", "select", "detach", "contiguous", "flatten", "unflatten",
                       "as_strided", "to", "float", "half", "double", "bfloat16", "type_as", "unbind", "split",
                       "chunk", "movedim", "moveaxis", "swapaxes", "swapdims", "diagonal", "get", "values", "items",
-                      "keys", "unfold", "tensor_split", "hsplit", "vsplit", "squeeze_", "unsqueeze_"})
+                      "keys", "unfold", "tensor_split", "hsplit", "vsplit", "squeeze_", "unsqueeze_", "parameters",
+                      "named_parameters", "buffers", "named_buffers", "children", "named_children", "modules",
+                      "named_modules"})
+# Builtins whose result holds what they were given (a list of a module's parameters is its parameters).
+CARRIERS = frozenset({"list", "tuple", "set", "dict", "sorted", "reversed", "iter", "enumerate", "zip", "filter", "map"})
 INIT_NAMESPACE = "torch.nn.init."
 
 
@@ -596,13 +68,13 @@ def _builds_module(func: ast.AST) -> bool:
     return name[:1].isupper()
 
 
-class _Purity:
+class Purity:
     """forward, and every function and method it can reach, is a pure function of its inputs
     and of what __init__ built: it writes no state (self, module globals, its inputs, a
     closure), keeps none between calls (iterators, generators), branches only on constants,
     config, shapes and `is None`, and never asks how it runs (device, dtype, compiling)."""
 
-    def __init__(self, policy: _Policy):
+    def __init__(self, policy):
         self.policy = policy
         self.tree = policy.tree
         self.parents = policy.parents
@@ -617,6 +89,7 @@ class _Purity:
                                          and item.name == "__init__"]
                              for node in ast.walk(self.tree) if isinstance(node, ast.ClassDef)}
         self.tensor_attributes = self._tensor_attributes()
+        self.passed_on_parameters = self._passed_on_parameters()
         self.containers = {target.attr for node in ast.walk(self.tree) if isinstance(node, ast.Assign) and _container(
             node.value) for target in node.targets if isinstance(target, ast.Attribute)}
 
@@ -664,6 +137,42 @@ class _Purity:
                 roots.extend((f, True) for f in self.constructors.get(name, []))
         return order
 
+    def _passed_on_parameters(self) -> dict[int, set[str]]:
+        """The parameters of the task's own functions that are given a device or a dtype
+        (`self.mask(n, x.dtype)`, `self.block(x, x.device)`), by function: they may only be
+        passed on there too. A call of a layer the task keeps (`self.block`) may be any of its
+        classes' forward."""
+        functions = [node for node in ast.walk(self.tree) if isinstance(node, ast.FunctionDef)]
+        marked: dict[int, set[str]] = {}
+        changed = True
+        while changed:
+            changed = False
+            for function in functions:
+                passed = _passed_on_locals(list(ast.walk(function))) | marked.get(id(function), set())
+                for call in (node for node in ast.walk(function) if isinstance(node, ast.Call)):
+                    for callee, skip in self._callees(call):
+                        names = [a.arg for a in [*callee.args.posonlyargs, *callee.args.args]][skip:]
+                        given = {names[i] for i, arg in enumerate(call.args) if i < len(names) and _carries(arg, passed)}
+                        given |= {kw.arg for kw in call.keywords if kw.arg and _carries(kw.value, passed)}
+                        if given - marked.get(id(callee), set()):
+                            marked.setdefault(id(callee), set()).update(given)
+                            changed = True
+        return marked
+
+    def _callees(self, call: ast.Call) -> list[tuple[ast.FunctionDef, int]]:
+        """(a task function `call` may run, how many of its leading parameters the call does not
+        fill: 1 for a method called on an object)."""
+        func = call.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name in self.constructors:
+            return [(init, 1) for init in self.constructors[name]]
+        if name in self.definitions:
+            skip = 1 if isinstance(func, ast.Attribute) else 0
+            return [(definition, skip) for definition in self.definitions[name]]
+        if isinstance(func, ast.Attribute) and name in self.policy.own_attributes:
+            return [(forward, 1) for forward in self.definitions.get("forward", [])]
+        return []
+
     def _kept_function(self, node: ast.AST) -> bool:
         """A task function named as a value, not called: kept to be called later, unless
         handed to nn.Module.apply (which calls it at once, in __init__)."""
@@ -695,7 +204,7 @@ class _Purity:
         found = set()
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                callee = _Grammar(self.policy)._dotted(node.value.func)
+                callee = self.policy.canonical(node.value.func)
                 leaf = callee.rsplit(".", 1)[-1]
                 if callee.startswith("torch.") and (leaf[:1].islower() or leaf in ("Parameter", "Buffer")):
                     found.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
@@ -770,6 +279,16 @@ def _device_or_dtype(node: ast.AST) -> bool:
     return isinstance(node, ast.IfExp) and (_device_or_dtype(node.body) or _device_or_dtype(node.orelse))
 
 
+def _passed_on_locals(body: list) -> set[str]:
+    """The locals a function keeps a device or dtype in (`q_type, k_type = q.dtype, k.dtype`)."""
+    return {name for node in body if isinstance(node, ast.Assign) and _device_or_dtype(node.value)
+            for target in node.targets for name in _target_names(target)}
+
+
+def _carries(argument: ast.AST, passed: set[str]) -> bool:
+    return _device_or_dtype(argument) or isinstance(argument, ast.Name) and argument.id in passed
+
+
 def _makes_iterator(node: ast.AST) -> bool:
     if isinstance(node, ast.GeneratorExp):
         return True
@@ -783,7 +302,7 @@ def _in_place(name: str) -> bool:
 class _FunctionPurity:
     """The purity rules over one function that forward can reach."""
 
-    def __init__(self, purity: _Purity, function: ast.AST, constructing: bool = False):
+    def __init__(self, purity: Purity, function: ast.AST, constructing: bool = False):
         self.purity, self.function, self.constructing = purity, function, constructing
         self.reached = True  # False for a function forward does not reach (`outside_forward`)
         self.parents = purity.parents
@@ -802,8 +321,7 @@ class _FunctionPurity:
             for name, value in _bindings(node):
                 self.assignments.setdefault(name, []).append(value)
         self.clean = self._clean_locals()
-        self.passed_on = {name for node in self.body if isinstance(node, ast.Assign) and _device_or_dtype(node.value)
-                          for target in node.targets for name in _target_names(target)}
+        self.passed_on = _passed_on_locals(self.body) | purity.passed_on_parameters.get(id(function), set())
 
     def check(self) -> None:
         for default in [*self.function.args.defaults, *filter(None, self.function.args.kw_defaults)]:
@@ -851,7 +369,7 @@ class _FunctionPurity:
         if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
             return False
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Attribute) and node.func.attr in SHAPE_METHODS):
-            if _Grammar(self.purity.policy)._dotted(node.func).startswith("torch.") and not _builds_module(node.func):
+            if self.purity.policy.canonical(node.func).startswith("torch.") and not _builds_module(node.func):
                 return True
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and (
                 node.attr in DATA_TO_PYTHON or node.attr in TENSOR_VALUED
@@ -940,11 +458,16 @@ class _FunctionPurity:
         if owner == "outer":
             self._refuse(node, f"forward {how} {name!r}, which outlives the call: keep values local and return them")
 
-    def _owner(self, node: ast.AST, at: ast.AST, seen: frozenset = frozenset()) -> tuple[str, str]:
+    def _owner(self, node: ast.AST, at: ast.AST, seen: frozenset = frozenset(), element: bool = False
+               ) -> tuple[str, str]:
         """Who owns the object `node` evaluates to: 'self', 'input' (a parameter not yet
-        rebound), 'outer' (a name from outside the function) or 'fresh' (made here)."""
+        rebound), 'outer' (a name from outside the function) or 'fresh' (made here). With
+        `element`, what is asked is an item taken out of it (a subscript, a loop's item): a
+        list built here is fresh, and what it holds is its items' owners' (`[x]` holds the input)."""
         while True:
-            if isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+            if isinstance(node, ast.Subscript):
+                node, element = node.value, True
+            elif isinstance(node, (ast.Attribute, ast.Starred)):
                 node = node.value
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ALIASING:
                 node = node.func.value
@@ -954,8 +477,13 @@ class _FunctionPurity:
                 # `self.cache_of(x).append(...)`: what a task function returns may be what it was given
                 given = [*node.args, *(kw.value for kw in node.keywords)]
                 given += [node.func.value] if isinstance(node.func, ast.Attribute) else []
-                owners = [self._owner(arg, at, seen) for arg in given]
-                return next((owner for owner in owners if owner[0] != "fresh"), ("fresh", ""))
+                return self._first_owner(given, at, seen, element)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CARRIERS \
+                    and node.func.id not in self.assignments:
+                # `list(self.parameters())[0]`: a container built here holds what it was built from
+                return self._first_owner(node.args, at, seen, True) if element else ("fresh", "")
+            elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+                return self._first_owner(node.elts, at, seen, False) if element else ("fresh", "")
             else:
                 break
         if not isinstance(node, ast.Name):
@@ -971,14 +499,24 @@ class _FunctionPurity:
             return "input", name
         if name not in self.parameters and name not in self.assignments:
             return "outer", name  # a module-level name, a builtin or a closure's
-        for value in before:
-            owner = ("fresh", name) if value is None else self._owner(value, at, seen | {name})
+        bound = [(value, element) for value in before] + [(loop, True) for loop in self._looped_over(name)]
+        for value, of_element in bound:  # a loop's item is an element of what it loops over
+            owner = ("fresh", name) if value is None else self._owner(value, at, seen | {name}, of_element)
             if owner[0] != "fresh":
                 return owner[0], owner[1] or name
         return "fresh", name
 
+    def _first_owner(self, nodes: list, at: ast.AST, seen: frozenset, element: bool) -> tuple[str, str]:
+        owners = [self._owner(node, at, seen, element) for node in nodes]
+        return next((owner for owner in owners if owner[0] != "fresh"), ("fresh", ""))
+
     def _call(self, node: ast.Call) -> None:
-        dotted = _Grammar(self.purity.policy)._dotted(node.func)
+        random_op = self.purity.policy.random_op(node)
+        if random_op:
+            where = "forward" if self.name == "forward" else f"{self.name}, which forward runs"
+            raise Rejected("stochastic_op", node, f"{random_op} in {where} makes the output random: draw in __init__ "
+                                                  "or get_inputs, which forward does not run")
+        dotted = self.purity.policy.canonical(node.func)
         leaf = dotted.rsplit(".", 1)[-1]
         if dotted.startswith(INIT_NAMESPACE) or (isinstance(node.func, ast.Name) and dotted.startswith(INIT_NAMESPACE)):
             self._refuse(node, f"{dotted} re-draws or overwrites weights on every call: initialise in __init__")
@@ -1010,6 +548,9 @@ class _FunctionPurity:
 
     def _attribute(self, node: ast.Attribute, values: bool = True) -> None:
         attr = node.attr
+        root = _chain(node)[0]
+        if root in self.purity.policy.modules or root in self.purity.policy.objects:
+            return  # torch.dtype, torch.float32: an object the policy resolved, no tensor's attribute
         if values and attr in DATA_TO_PYTHON:
             self._refuse(node, f".{attr}() turns tensor values into Python values forward then depends on: keep them "
                                "tensors (torch.where, masks, reductions)")
@@ -1029,7 +570,9 @@ class _FunctionPurity:
                                                   for t in parent.targets for n in ast.walk(t)):
             return
         call = self.parents.get(parent) if isinstance(parent, ast.keyword) else parent
-        # str(x.device), print(...), bool(...): a builtin turns it into a value to inspect
+        # str(x.device), print(...), bool(...): a builtin turns it into a value to inspect. A
+        # function of the task's own receives it as a parameter these rules hold to the same
+        # (Purity.passed_on_parameters: a red team's helper asked `d.index is None`).
         if isinstance(call, ast.Call) and (node in call.args or parent in call.keywords) and not (
                 isinstance(call.func, ast.Name) and call.func.id in SAFE_BUILTINS):
             return
@@ -1081,7 +624,7 @@ class _FunctionPurity:
                 return all(map(self._is_clean, arguments))
             if isinstance(func, ast.Name) and func.id in CLEAN_CALLS and func.id not in self.assignments:
                 return all(map(self._is_clean, arguments))
-            if _Grammar(self.purity.policy)._dotted(func).startswith("math."):
+            if self.purity.policy.canonical(func).startswith("math."):
                 return all(map(self._is_clean, arguments))
             return self._own_function_of_config(func, arguments)
         if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List, ast.IfExp,
@@ -1181,60 +724,3 @@ def _is_shape_tuple(node: ast.AST) -> bool:
         for n in ast.walk(node))
 
 
-def _position(node: ast.AST | None) -> tuple[int, int]:
-    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0)) if node is not None else (0, 0)
-
-
-class _LibraryOps:
-    """The run's ops from added libraries: their names, the objects they name and the
-    modules that hold them (every dotted prefix: `kornia`, `kornia.filters`)."""
-
-    def __init__(self, names: frozenset[str]):
-        self.names = names
-        self.objects = {id(found) for found in map(_resolve, names) if found is not _MISSING}
-        self.modules = frozenset(".".join(name.split(".")[:end]) for name in names
-                                 for end in range(1, name.count(".") + 1))
-        self.roots = frozenset(name.split(".")[0] for name in names)
-
-    @classmethod
-    @lru_cache(maxsize=64)
-    def of(cls, names: frozenset[str]) -> "_LibraryOps":
-        return cls(names)
-
-    def holds(self, found) -> bool:
-        return id(found) in self.objects
-
-
-def _chain(node: ast.AST) -> tuple[str, str]:
-    """(root name, dotted text) of `a.b.c`; the root is '' when it is not a plain name."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    root = node.id if isinstance(node, ast.Name) else ""
-    return root, ".".join([root or "?", *reversed(parts)])
-
-
-_MISSING = object()
-
-
-@lru_cache(maxsize=4096)
-def _resolve(dotted: str):
-    """The object `dotted` names, walking attributes from its root module (a submodule not
-    yet imported is imported); _MISSING if there is none."""
-    parts = dotted.split(".")
-    try:
-        found = importlib.import_module(parts[0])
-    except Exception:  # not installed, or fails to import: nothing to resolve against
-        return _MISSING
-    for end, part in enumerate(parts[1:], start=2):
-        step = getattr(found, part, _MISSING)
-        if step is _MISSING and isinstance(found, types.ModuleType):
-            try:
-                step = importlib.import_module(".".join(parts[:end]))
-            except Exception:
-                return _MISSING
-        if step is _MISSING:
-            return _MISSING
-        found = step
-    return found
