@@ -87,7 +87,10 @@ EXCLUDED = {
     "modes": ("training", "autocast", "sym_sqrt", "sym_float", "sym_int", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sum"),
 }
 EXCLUDED_PREFIXES = ("fbgemm_", "miopen_", "quantize", "quantized_", "fake_quantize", "fused_moving_avg",
-                     "batch_norm_backward", "cudnn_", "mkldnn_")
+                     "batch_norm_backward", "cudnn_", "mkldnn_",
+                     # questions of how the code runs: `torch.is_inference(h)` halved a consumer's output
+                     # under inference_mode (a red team's)
+                     "is_")
 # torch.nn classes that are no layer a task builds: lazy ones change on their first call, the
 # parallel wrappers move work between devices, ParameterDict's subscript is getattr by key.
 EXCLUDED_LAYERS = ("ParameterDict", "DataParallel", "SyncBatchNorm", "Container", "RNNBase", "RNNCellBase",
@@ -98,7 +101,7 @@ EXCLUDED_LAYERS = ("ParameterDict", "DataParallel", "SyncBatchNorm", "Container"
 MODULE_METHODS = ("forward", "parameters", "named_parameters", "buffers", "named_buffers", "children",
                   "named_children", "modules", "named_modules", "register_buffer", "register_parameter",
                   "add_module", "register_module", "apply", "extra_repr", "reset_parameters", "append", "extend",
-                  "insert")
+                  "insert", "flatten_parameters")
 # Methods of the Python values a task builds (lists, dicts, tuples, sets, text, sizes, finfo).
 CONTAINER_METHODS = ("append", "extend", "insert", "pop", "remove", "index", "count", "reverse", "sort", "copy",
                      "clear", "items", "keys", "values", "get", "update", "setdefault", "add", "discard", "union",
@@ -176,6 +179,8 @@ def allowlist() -> Allowlist:
         if isinstance(found, type) and issubclass(found, torch.nn.Module) and not name.startswith("Lazy") \
                 and name not in EXCLUDED_LAYERS:
             allow("torch.nn", name, found)
+    allow("torch.nn.Transformer", "generate_square_subsequent_mask",  # a mask maker, reached through its class
+          inspect.getattr_static(torch.nn.Transformer, "generate_square_subsequent_mask"))
     allow("torch.nn", "Parameter", torch.nn.Parameter)
     allow("torch.nn", "Buffer", torch.nn.Buffer)
     for name, found in vars(torch.nn.init).items():
@@ -291,6 +296,11 @@ def resolve_import(dotted: str):
     return None
 
 
+# Python's plain data: what their methods return is text, numbers and containers of them, so a
+# task's own name that one of them also has (`encode`, `offset`, `center`) reaches nothing.
+PLAIN_DATA = (str, bytes, bytearray, int, float, complex, bool, list, tuple, dict, set, frozenset, range, slice)
+
+
 @lru_cache(maxsize=1)
 def foreign_attributes() -> frozenset[str]:
     """Every attribute name of every kind of object a task could come to hold other than its
@@ -305,7 +315,10 @@ def foreign_attributes() -> frozenset[str]:
     import torch.autograd.graph
     import torch.return_types
 
-    kinds = [value for value in vars(builtins).values() if isinstance(value, type)]
+    # an exception is never a value a task holds (no try, filters/grammar/policy.py): BaseException's
+    # own attributes stand for them, not every subclass's data (SyntaxError's `offset`)
+    kinds = [value for value in vars(builtins).values() if isinstance(value, type) and value not in PLAIN_DATA
+             and (value is BaseException or not issubclass(value, BaseException))]
     kinds += [value for value in vars(types).values() if isinstance(value, type)]
     kinds += [torch.Tensor, torch.nn.Parameter, torch.Size, torch.dtype, torch.device, torch.finfo, torch.iinfo,
               torch.UntypedStorage, torch.TypedStorage, torch.Generator, torch.autograd.graph.Node, torch.no_grad,
@@ -329,3 +342,35 @@ def _objects_of(listed: Allowlist) -> list:
         if module is not None:
             found.append(vars(module).get(leaf))
     return found
+
+
+@lru_cache(maxsize=1)
+def tensor_slots() -> frozenset[str]:
+    """The names through which a task may set something inside a layer it built: the
+    parameters and buffers torch's layers register (read from their source: `weight`, `bias`,
+    `running_mean`, `in_proj_weight`, ...) and a tensor's `data`, `requires_grad` and `grad`.
+    Nothing else inside a layer is a task's to set: a layer's `activation` is a global function."""
+    names = {"data", "requires_grad", "grad"}
+    for path in {getattr(sys.modules.get(cls.__module__), "__file__", None) for cls in _objects_of(allowlist())
+                 if isinstance(cls, type) and issubclass(cls, torch.nn.Module)} - {None}:
+        try:
+            tree = ast.parse(open(path, encoding="utf-8").read())
+        except (OSError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "register_buffer", "register_parameter") and node.args and isinstance(node.args[0], ast.Constant):
+                names.add(str(node.args[0].value))
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (
+                    getattr(node.value.func, "attr", None) or getattr(node.value.func, "id", None)) == "Parameter":
+                names.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
+    return frozenset(name for name in names if name.isidentifier() and not name.startswith("_"))
+
+
+@lru_cache(maxsize=1)
+def private_internals() -> frozenset[str]:
+    """The private names of nn.Module, a tensor and every layer on the allowlist: what torch's
+    own code calls on a layer (`_conv_forward`), which a task's own private name may not be."""
+    layers = [cls for cls in _objects_of(allowlist()) if isinstance(cls, type) and issubclass(cls, torch.nn.Module)]
+    names = {name for kind in [torch.nn.Module(), torch.empty(0), *layers] for name in dir(kind)}
+    return frozenset(name for name in names if name.startswith("_") and not name.startswith("__"))

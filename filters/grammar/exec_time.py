@@ -40,6 +40,7 @@ ANNOTATION_NODES = (ast.Constant, ast.Name, ast.Attribute, ast.Subscript, ast.Tu
 # text of this many items (`9 ** 9 ** 9` took the red team's consumer past its time limit).
 MAX_BITS = 256
 MAX_ITEMS = 1 << 16
+MAX_LOOP = 1 << 20  # steps of a loop over a constant range
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert, ast.Not: operator.not_}
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.LShift: operator.lshift,
@@ -129,6 +130,26 @@ class ExecTime:
                 self._decorators(node)
             if isinstance(node, ast.AnnAssign):
                 self._annotation(node.annotation)
+            if isinstance(node, ast.While):
+                raise Rejected("forbidden_call", node, "a while loop may never end: loop over range(...) of sizes")
+            if isinstance(node, (ast.BinOp, ast.UnaryOp)) and self._of_constants(node):
+                self._value(node, self.constants)  # `[0] * 10 ** 11` in __init__ hangs its consumer too
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
+                self._loop_bound(node)
+
+    def _of_constants(self, node: ast.AST) -> bool:
+        return all(isinstance(part, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.List, ast.Load,
+                                     ast.operator, ast.unaryop)) or isinstance(part, ast.Name)
+                   and part.id in self.constants for part in ast.walk(node))
+
+    def _loop_bound(self, call: ast.Call) -> None:
+        """`range(10 ** 15)`: a loop no task needs, and its consumer would wait for it."""
+        for argument in call.args:
+            if self._of_constants(argument):
+                value = self._value(argument, self.constants)
+                if isinstance(value, int) and abs(value) > MAX_LOOP:
+                    raise Rejected("forbidden_call", call, f"range({ast.unparse(argument)[:40]}) runs more than "
+                                                           f"{MAX_LOOP} steps")
 
     # module level and class bodies
 

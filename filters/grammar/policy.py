@@ -24,7 +24,8 @@ import types
 
 import torch
 
-from filters.grammar.allowlist import EXCLUDED, Allowlist, allowlist, foreign_attributes
+from filters.grammar.allowlist import (EXCLUDED, RNN_WEIGHT, Allowlist, allowlist, foreign_attributes,
+                                      private_internals, tensor_slots)
 from filters.grammar.syntax import Rejected, chain, position
 
 SAFE_BUILTINS = frozenset({
@@ -185,7 +186,8 @@ class Policy:
     def _importable(self, name: str, node) -> None:
         if name not in self.allowlist.namespaces or name not in sys.modules:
             allowed = sorted(self.allowlist.namespaces)
-            raise Rejected("forbidden_import", node, f"import of {name!r} (allowed: {', '.join(allowed)})")
+            hint = " (annotate with `torch.Tensor | None`, not typing's Optional)" if name == "typing" else ""
+            raise Rejected("forbidden_import", node, f"import of {name!r}{hint} (allowed: {', '.join(allowed)})")
 
     # -- every node ---------------------------------------------------------------------
 
@@ -196,6 +198,9 @@ class Policy:
             raise Rejected("forbidden_call", node, "global state")
         if isinstance(node, ast.Match):
             raise Rejected("forbidden_call", node, "match statements")
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            raise Rejected("forbidden_call", node, "no try/except: let errors propagate (an exception a task holds "
+                                                   "reaches what raised it, and a try tells modes apart)")
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             named = set(DUNDER.findall(node.value)) - ALLOWED_DUNDERS
             if named:
@@ -208,9 +213,10 @@ class Policy:
             self._binds(node.arg, node)
         elif isinstance(node, ast.Attribute):
             self._attribute(node)
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            for target in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
-                self._store(target)
+            if isinstance(node.ctx, (ast.Store, ast.Del)):
+                self._store(node)  # an assignment's, a for's, a with's or a comprehension's target alike
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            self._store(node)
         elif isinstance(node, ast.ExceptHandler) and node.name:
             self._binds(node.name, node)
         elif isinstance(node, ast.Call):
@@ -224,12 +230,31 @@ class Policy:
         if isinstance(node, ast.ClassDef):
             if node.keywords:
                 raise Rejected("forbidden_call", node, "class keywords (a metaclass)")
+            layers = self._torch_bases(node)
             for item in node.body:
                 names = ([item.name] if isinstance(item, ast.FunctionDef) else
                          [t.id for t in item.targets if isinstance(t, ast.Name)] if isinstance(item, ast.Assign) else [])
                 for name in names:
                     if name in MODULE_ATTRIBUTES and name not in MODULE_OVERRIDABLE:
                         raise Rejected("forbidden_call", item, f"overrides nn.Module.{name}, which the checks call")
+                    layer = next((layer for layer in layers if hasattr(layer, name)), None)
+                    if layer is not None and name not in MODULE_OVERRIDABLE:
+                        raise Rejected("forbidden_call", item, f"overrides {layer.__name__}.{name}, which torch's own "
+                                                               f"forward calls where the purity rules do not look: "
+                                                               "derive from nn.Module and call the layer")
+
+    def _torch_bases(self, node: ast.ClassDef, seen: frozenset = frozenset()) -> list[type]:
+        """The torch layer classes a task class derives from, through its own classes too."""
+        found = []
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id in self.classes and base.id not in seen:
+                found += [layer for definition in ast.walk(self.tree) if isinstance(definition, ast.ClassDef)
+                          and definition.name == base.id for layer in self._torch_bases(definition, seen | {base.id})]
+            elif isinstance(base, (ast.Name, ast.Attribute)):
+                resolved = self.resolve(base)
+                if resolved is not None and isinstance(resolved[0], type) and resolved[0] is not torch.nn.Module:
+                    found.append(resolved[0])
+        return found
 
     def _binds(self, name: str, node) -> None:
         if name in DANGEROUS_BUILTINS:
@@ -299,9 +324,9 @@ class Policy:
         (allowlist.foreign_attributes): a task that names its own method `storage`, or its
         class constant `gi_frame`, could read a tensor's or a generator's through the name."""
         if name.startswith("_"):
-            if name in PRIVATE_INTERNALS:
+            if name in PRIVATE_INTERNALS or name in private_internals():
                 raise Rejected("forbidden_call", node, f"the task's own attribute {name!r} is named like an internal "
-                                                       "of nn.Module or a tensor: rename it")
+                                                       "of nn.Module, a tensor or a torch layer: rename it")
         elif name in foreign_attributes() and not self.allowlist.allows_value_attribute(name):
             raise Rejected("forbidden_call", node, f"the task's own attribute {name!r} is named like an attribute of "
                                                    "a tensor, a layer, a Python value or the interpreter that a task "
@@ -373,6 +398,12 @@ class Policy:
         if first is not target and first.attr not in self.instance_attributes:
             raise Rejected("forbidden_call", target, f"assignment to {ast.unparse(target)[:60]}: self.{first.attr} is not "
                                                      "an instance the task built (a layer, a tensor, a parameter)")
+        slots = tensor_slots()
+        if any(not (name in slots or RNN_WEIGHT.fullmatch(name)) for name in _attributes_after(target, first)):
+            raise Rejected("forbidden_call", target, f"assignment to {ast.unparse(target)[:60]}: inside a layer the task "
+                                                     "built, only its weights and their data are set (.weight, .bias, "
+                                                     ".data, a running statistic): a red team set a method of "
+                                                     "nn.Conv2d through a class it kept on a layer")
         if target.attr in SETTABLE:
             return
         on_self = first is target
@@ -452,6 +483,16 @@ def _root_name(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
+def _attributes_after(target: ast.Attribute, first: ast.Attribute) -> list[str]:
+    """The attribute names of `self.a.b[0].c` after `self.a`: ['b', 'c']."""
+    names, node = [], target
+    while node is not first:
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        node = node.value
+    return names[::-1]
+
+
 def _first_attribute(target: ast.Attribute) -> ast.Attribute:
     """The attribute right after the root of `self.a[0].b.c`: `self.a`."""
     node = target
@@ -486,6 +527,9 @@ def _own_attributes(tree: ast.Module) -> dict[str, ast.AST]:
 
 def _value_attribute_refusal(name: str) -> str:
     """Why a task may not use `.name` on a value, and what to write instead."""
+    if name.startswith("is_"):
+        return (f".{name} asks how the code runs (device, dtype, mode), not what it computes: write one path for "
+                "every device, dtype and mode")
     for group, names in EXCLUDED.items():
         if name in names:
             return f".{name} is outside the allowlist ({_GROUP_REASONS[group]})"

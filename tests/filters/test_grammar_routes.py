@@ -331,3 +331,82 @@ def test_input_reads_no_consumers_terminal():
     assert static_check(_task("", "input('password? ')\n    return []"))[0] == "forbidden_call"
     assert static_check(make_task("return self.scaled(x)").replace(
         SIGNATURE, f"    def scaled(self, input):\n        return input * 2\n\n{SIGNATURE}")) is None
+
+
+# -- a second red team's routes, past the fixes above ----------------------------------------
+
+@pytest.mark.parametrize("statement", [
+    "for torch.allclose in [max]:\n    pass",
+    "for torch.Tensor.relu in [torch.Tensor.tanh]:\n    pass",
+    "for a, torch.Tensor.add in [(1, torch.Tensor.sub)]:\n    pass",
+    "_ = [0 for torch.relu in [torch.tanh]]",
+    "_ = {0 for torch.Size in [tuple]}",
+    "with torch.no_grad() as torch.relu:\n    pass",
+    "for nn.init.kaiming_uniform_ in [nn.init.zeros_]:\n    pass",
+])
+def test_every_target_is_a_store(statement):
+    """A for's, a with's and a comprehension's target assign as `=` does: `for torch.allclose
+    in [always]` made every later comparison of a consumer's agree."""
+    verdict = static_check(make_task("return x", init=statement))
+    assert verdict is not None and verdict[0] == "forbidden_call", verdict
+
+
+@pytest.mark.parametrize("init", [
+    "self.linear = nn.Linear(4, 4)\nself.linear.kind = nn.Conv2d",
+    "self.linear = nn.Linear(4, 4)\nself.linear.kind = 1\nself.linear.kind.reset_parameters = None",
+    "self.encoder = nn.TransformerEncoderLayer(8, 2)\nself.encoder.activation.tag = 1",
+    "self.linear = nn.Linear(4, 4)\ndel self.linear.forward",
+])
+def test_inside_a_layer_only_its_tensors_are_set(init):
+    verdict = static_check(make_task("return x", init=init))
+    assert verdict is not None and verdict[0] == "forbidden_call", verdict
+
+
+def test_a_layers_weights_are_still_set():
+    init = ("self.linear = nn.Linear(256, 256)\nself.linear.weight = nn.Parameter(torch.ones(256, 256))\n"
+            "self.linear.bias = None\nself.linear.weight.data = self.linear.weight.data * 0.5\n"
+            "self.norm = nn.BatchNorm1d(256)\nself.norm.running_mean = torch.zeros(256)\n"
+            "self.layers = nn.ModuleList([nn.Linear(256, 256)])\nself.layers[0].weight.requires_grad = False")
+    assert static_check(make_task("return self.norm(self.linear(self.layers[0](x)))", init=init)) is None
+
+
+@pytest.mark.parametrize("method", ["_conv_forward", "_output_padding", "_check_input_dim", "flatten_parameters"])
+def test_a_layers_own_methods_are_not_overridden(method):
+    """torch's forward calls them where the purity rules do not look: a red team's
+    `_conv_forward` told grad mode apart with a try and an out= write."""
+    base = "nn.LSTM(4, 4)" if method == "flatten_parameters" else "nn.Conv2d(3, 4, 3)"
+    cls = base.split("(")[0]
+    code = (f"import torch\nimport torch.nn as nn\n\n\nclass Model({cls}):\n    def __init__(self):\n"
+            f"        super().__init__{base[len(cls):]}\n\n    def {method}(self, *args):\n        return None\n\n\n"
+            "def get_inputs():\n    return [torch.rand(1, 3, 8, 8)]\n\n\ndef get_init_inputs():\n    return []\n")
+    assert static_check(code)[0] == "forbidden_call"
+
+
+@pytest.mark.parametrize("forward, header", [
+    ("return x * (2 - torch.is_inference(x))", ""),
+    ("return x * (2 - is_inference(x))", "from torch import is_inference"),
+    ("return x * torch.is_floating_point(x)", ""),
+])
+def test_torch_is_questions_are_on_no_allowlist(forward, header):
+    """A consumer running under inference_mode got half the checks' output."""
+    assert static_check(make_task(forward, header=header))[0] == "forbidden_call"
+
+
+@pytest.mark.parametrize("init", [
+    "n = 0\nwhile n >= 0:\n    n = n + 1",
+    "for i in range(10 ** 15):\n    pass",
+    "self.big = [0] * 10 ** 11",
+    "self.big = 9 ** 9 ** 9",
+])
+def test_constructing_the_model_cannot_be_made_endless(init):
+    assert static_check(make_task("return x", init=init))[0] == "forbidden_call"
+
+
+def test_fair_to_ordinary_layer_code():
+    """Own names plain Python data also has (an autoencoder's encode and decode), an RNN's
+    flatten_parameters and the Transformer's mask maker."""
+    helpers = ("    def encode(self, x):\n        return x * 2\n\n    def decode(self, x):\n        return x / 2\n\n")
+    code = make_task("self.rnn.flatten_parameters()\nmask = nn.Transformer.generate_square_subsequent_mask(4)\n"
+                     "return self.decode(self.encode(x)) + self.offset + mask.sum()",
+                     init="self.rnn = nn.LSTM(256, 256)\nself.offset = 1.0").replace(SIGNATURE, helpers + SIGNATURE)
+    assert static_check(code) is None

@@ -97,7 +97,7 @@ PAIRS = [
      make_task("return fill(x)", header="def fill(t):\n    return torch.zeros_like(t)"),
      "impure_forward"),
     ("generator kept on self",
-     make_task("for i in self.steps:\n    break\nreturn x * i", init="self.steps = (i for i in range(10 ** 9))"),
+     make_task("for i in self.steps:\n    break\nreturn x * i", init="self.steps = (i for i in range(10 ** 6))"),
      make_task("for i in range(3):\n    x = x * i\nreturn x"),
      "impure_forward"),
     ("data-dependent if",
@@ -108,10 +108,11 @@ PAIRS = [
      make_task("s = x.sum()\nif s > 0:\n    return x\nreturn -x"),
      make_task("n, d = x.shape\nif n * d > 1:\n    return x\nreturn -x"),
      "impure_forward"),
+    # a while loop may never end: refused by the grammar before the purity rules
     ("data-dependent loop",
      make_task("while x.max() > 1:\n    x = x / 2\nreturn x"),
      make_task("for i, _ in enumerate(range(3)):\n    if i > 0:\n        x = x / 2\nreturn x"),
-     "impure_forward"),
+     "forbidden_call"),
     ("data-dependent range",
      make_task("for _ in range(int(x.sum())):\n    x = x / 2\nreturn x"),
      make_task("for _ in range(x.size(0) // 32):\n    x = x / 2\nreturn x"),
@@ -132,10 +133,11 @@ PAIRS = [
      make_task("return x * (str(x.device) == 'cpu')"),
      make_task("device = x.device\nreturn x + torch.ones(features, device=device)"),
      "impure_forward"),
+    # torch's is_* questions are on no allowlist
     ("is_meta",
      make_task("return x if x.is_meta else -x"),
      make_task("return x if x.dim() == 2 else -x"),
-     "impure_forward"),
+     "forbidden_call"),
     # torch.is_grad_enabled and data_ptr are on no allowlist: refused before the purity rules
     ("grad mode",
      make_task("return x if torch.is_grad_enabled() else -x"),
@@ -188,7 +190,7 @@ PAIRS = [
     ("torch's is_* question, and a layer's own is_* config",
      make_task("return x if x.is_contiguous() else -x"),
      make_task("return x if self.is_causal else -x", init="self.is_causal = True"),
-     "impure_forward"),
+     "forbidden_call"),
     ("a helper handed a tensor decides a branch, one handed shapes",
      make_task("return x if positive(x) else -x", header="def positive(t):\n    return t.sum() > 0"),
      make_task("return x if wide(x.shape[1]) else -x", header="def wide(n):\n    return n > 128"),
@@ -266,10 +268,10 @@ def test_init_and_get_inputs_may_not_ask_how_the_code_runs():
     a device asked in __init__ or get_inputs gave a trace decoy ops (red team)."""
     asked_in_init = make_task("        return torch.relu(x) if self.on_gpu else torch.sigmoid(x)",
                               init="        self.on_gpu = torch.empty(0).is_cuda")
-    assert static_check(asked_in_init)[0] == "impure_forward"
+    assert static_check(asked_in_init)[0] == "forbidden_call"  # is_cuda is on no allowlist
     asked_in_inputs = make_task("        return torch.relu(x)", inputs="[torch.rand(batch_size, features)] if "
                                 "torch.empty(0).is_cuda else [torch.rand(batch_size, 1)]")
-    assert static_check(asked_in_inputs)[0] == "impure_forward"
+    assert static_check(asked_in_inputs)[0] == "forbidden_call"
     passed_on = make_task("        return x + self.b", init="        self.b = torch.zeros(features, device=torch.empty(0).device)")
     assert static_check(passed_on) is None
 
