@@ -97,7 +97,7 @@ def test_validation_streams_so_a_hanging_candidate_holds_back_no_other(cache_dir
     def task(cid, index, forward):
         return Candidate(cid, ("torch.sigmoid",), "torch#1", make_task(forward), "template", 0, {"index": index})
 
-    hang = task("hang", 0, "while True:\n    pass")
+    hang = task("hang", 0, "for _ in range(x.shape[0] ** 9):\n    x = x * 1.0\nreturn x")  # endless, and grammatical
     quick = [task(f"quick{i}", i + 1, f"return torch.sigmoid(x) * {i + 2}.0") for i in range(6)]
     duplicate = (task("dup", 7, "return x"), Verdict("dup", "dedupe", False, "duplicate", "same as candidate 1"))
     checks = {"compile": False, "window_ms": [1e-6, 1e6]}
