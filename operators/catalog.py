@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing
 import os
+import time
 import warnings
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
@@ -49,8 +50,13 @@ def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSp
         parts = [(position, library, shard) for position, library in enumerate(libraries) for shard in range(processes)]
         # A Pool, not an executor: leaving its block (Ctrl-C included) terminates the processes
         # at once instead of waiting for the parts under way.
+        done: list = [None] * len(parts)
         with multiprocessing.get_context("spawn").Pool(processes) as pool:
-            done = pool.starmap(_crawl_part, [(library, shard, processes) for _, library, shard in parts])
+            progress = _CrawlProgress(libraries, len(parts))
+            for index, part in pool.imap_unordered(_crawl_indexed, [(index, library, shard, processes) for index, (
+                    _, library, shard) in enumerate(parts)]):
+                done[index] = part
+                progress.part_done()
         keyed = [(position, key, name, result) for (position, _, _), part in zip(parts, done)
                  for key, name, result in part]
     results: dict[str, OpSpec | SkippedOp] = {}
@@ -63,6 +69,30 @@ def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSp
     skipped = [r for r in results.values() if isinstance(r, SkippedOp)]
     log.info("crawled %s: %d runnable, %d skipped", ",".join(libraries), len(specs), len(skipped))
     return specs, skipped
+
+
+class _CrawlProgress:
+    """A line as parts of the crawl finish, at most every few seconds, with the time left."""
+
+    def __init__(self, libraries: list[str], parts: int, every_s: float = 5.0):
+        self.libraries, self.parts, self.every_s = ", ".join(libraries), parts, every_s
+        self.done, self.began = 0, time.monotonic()
+        self.logged = self.began - every_s
+        log.info("crawling %s: %d parts on %d processes", self.libraries, parts, min(parts, os.cpu_count() or 1))
+
+    def part_done(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.logged >= self.every_s or self.done == self.parts:
+            left = (now - self.began) / self.done * (self.parts - self.done)
+            log.info("crawling %s: %d of %d parts in %.0f s, about %.0f s left", self.libraries, self.done, self.parts,
+                     now - self.began, left)
+            self.logged = now
+
+
+def _crawl_indexed(job: tuple) -> tuple[int, list]:
+    index, library, shard, shards = job
+    return index, _crawl_part(library, shard, shards)
 
 
 def _crawl_part(library: str, shard: int, shards: int) -> list[tuple[tuple, str, OpSpec | SkippedOp]]:
@@ -122,13 +152,33 @@ def cache_key(libraries: list[str]) -> str:
 
 
 def load_or_crawl(libraries: list[str], cache_dir: Path) -> tuple[Path, list[OpSpec]]:
-    """The catalog for these libraries at their installed versions, crawling only on a miss."""
-    path = Path(cache_dir) / "catalogs" / f"catalog-{cache_key(libraries)}.parquet"
+    """The catalog for these libraries at their installed versions, crawling only on a miss.
+    Each library is crawled and cached on its own, so a crawl killed after torch keeps torch."""
+    folder = Path(cache_dir) / "catalogs"
+    path = folder / f"catalog-{cache_key(libraries)}.parquet"
     if not path.exists():
-        log.info("crawling %s (the first time for these versions; cached in %s)", ", ".join(libraries), path.parent)
-        specs, skipped = crawl(libraries)
-        write_catalog(path, specs, skipped)
+        parts = []
+        for library in libraries:
+            part = folder / f"library-{cache_key([library])}.parquet"
+            if not part.exists():
+                log.info("crawling %s (the first time for this version; cached in %s)", library, folder)
+                specs, skipped = crawl([library])
+                write_catalog(part, specs, skipped)
+            parts.append(part)
+        _merge(parts, path)
     return path, read_catalog(path)
+
+
+def _merge(parts: list[Path], path: Path) -> None:
+    """One catalog of several libraries' parts: an op in two keeps its first runnable entry."""
+    rows: dict[str, dict] = {}
+    for part in parts:
+        for row in pq.ParquetFile(part).read().to_pylist():
+            if row["name"] not in rows or row["runnable"] and not rows[row["name"]]["runnable"]:
+                rows[row["name"]] = row
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(pa.Table.from_pylist(list(rows.values()), schema=CATALOG_SCHEMA), tmp, compression="zstd")
+    tmp.replace(path)
 
 
 def _version(package: str) -> str:

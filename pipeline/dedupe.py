@@ -4,11 +4,12 @@ Every task is traced in the sandbox, a batch of tasks per child (filters/sandbox
 a child per task cost more than the trace itself. Only tasks the static policy lets through
 share a child: one that holds the interpreter can replace the batch's own guard (a red team
 set `trace_batch.changed` to a function that finds no change, then steered every later silu)
-and is traced alone. A batch that a task changed, or that failed, is finished one task per
-child, as before."""
+and is traced alone. A batch that failed is halved until the task it could not survive is
+alone; a batch that a task changed is finished one task per child."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,30 +66,51 @@ def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int =
 
 def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[dict]:
     """What `readings` returns, from the same cache. The tasks not in the cache that pass the
-    static check are traced `batch` to a child (the others, alone); what a batch leaves when
-    it runs out of time is batched again, and what it leaves after a task changed its
-    process (or all of it, when it failed) is traced one task per child."""
+    static check are traced `batch` to a child (the others, alone). What a batch leaves when
+    it runs out of time is batched again; a batch that failed (a task in it ran out of memory
+    or time, or crashed) is halved and each half traced again, so that the task it could not
+    survive is found in a few rounds and traced alone, and the rest stay in batches (one task
+    of KernelBench's used to send 165 to a child each); what a batch leaves after a task changed
+    its process is traced one task per child."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
     missing = [code for code, entry in found.items() if entry is None]
     pending, alone = shareable(missing)
-    while pending:
-        batches = [pending[i:i + batch] for i in range(0, len(pending), batch)]
-        pending = []
-        for part, result in zip(batches, pool.run_many([{"code": "", "config": {"trace_batch": part}}
-                                                        for part in batches])):
+    queue, total, began = _chunks(pending, batch), len(missing), time.monotonic()
+    if total:
+        log.info("tracing %d tasks, %d a child on %d workers (%d cached)", total, batch, len(pool.workers),
+                 len(found) - total)
+    while queue:
+        parts, queue = queue, []
+        for part, result in zip(parts, pool.run_many([{"code": "", "config": {"trace_batch": part}} for part in parts])):
             done = result["metrics"].get("traced", 0) if result["passed"] else 0
             for i, code in enumerate(part[:done]):
                 found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}"),
                                "partial": bool(result["metrics"].get(f"partial_{i}"))}
                 store.put(graph_key(code), found[code])
             rest = part[done:]
-            (pending if result["passed"] and not result["metrics"].get("steered") and done else alone).extend(rest)
+            if result["passed"] and not result["metrics"].get("steered") and done:
+                queue += _chunks(rest, batch)  # out of time or room: the rest in batches again
+            elif not result["passed"] and len(rest) > 1:
+                queue += _chunks(rest, (len(rest) + 1) // 2)  # one task failed it: find it by halves
+            else:
+                alone += rest
+        traced = sum(found[code] is not None for code in missing)
+        if queue:
+            log.info("traced %d of %d tasks in %.0f s; %d left", traced, total, time.monotonic() - began,
+                     total - traced - len(alone))
     if alone:
-        log.info("%d tasks traced one per child (a batch failed, or one of its tasks changed its process)", len(alone))
+        log.info("%d tasks traced one per child (changed its process, failed a batch of its own, or refused by "
+                 "the static check)", len(alone))
     for code, entry in zip(alone, readings(alone, pool, cache_dir)):
         found[code] = entry
+    if total:
+        log.info("traced %d tasks in %.0f s", total, time.monotonic() - began)
     return [found[code] for code in codes]
+
+
+def _chunks(codes: list[str], size: int) -> list[list[str]]:
+    return [codes[i:i + size] for i in range(0, len(codes), max(1, size))]
 
 
 def shareable(codes: list[str]) -> tuple[list[str], list[str]]:
