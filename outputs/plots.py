@@ -176,9 +176,18 @@ def _paired_histograms(folder: Path, prefix: str, name: str, sides: tuple, histo
             axes.bar([p + (offset if both else 0) for p in positions], [c / total for c in found["counts"]],
                      0.4 if both else 0.8, color=color, label=side)
     axes.set_xticks(list(positions), labels, rotation=45, ha="right", fontsize=7)
-    axes.set_ylabel("share")
+    axes.set_ylabel("share of each side's tasks")
+    axes.set_xlabel(HISTOGRAM_AXES.get(name, ""))
+    if name == "similarity" and SIMILARITY_THRESHOLD in edges:  # where decontamination cuts
+        axes.axvline(edges.index(SIMILARITY_THRESHOLD) - 0.5, color="red", linestyle="--", linewidth=1,
+                     label=f"threshold {SIMILARITY_THRESHOLD}")
     axes.legend(fontsize=7)
     return _save(figure, folder, prefix + name)
+
+
+HISTOGRAM_AXES = {"similarity": "highest similarity to any reference task", "eager_ms": "eager time (ms)",
+                  "output_max_abs": "largest output magnitude"}
+SIMILARITY_THRESHOLD = 0.9  # the default --similarity-threshold
 
 
 def _edge(value: float) -> str:

@@ -112,7 +112,16 @@ def publish(source: Path, dest: str, version: str, *, private: bool = False, all
     check_version(version)
     current = check_source(Path(source), allow_undecontaminated)
     destination = destination_for(dest, private)
-    versions = destination.versions()
+    if dry_run and hasattr(destination, "attempts"):
+        destination.attempts = 2  # a look, not a publication: an unreachable Hub is said at once
+    try:
+        versions = destination.versions()
+    except PublishError as unreachable:
+        if not dry_run:
+            raise
+        # offline: what the folder would publish is still worth showing
+        raise PublishError(f"{unreachable}. What {source} would publish, against no version: "
+                           f"{diff(None, None, current).describe()}") from None
     if version in versions:
         raise PublishError(f"version {version} already exists at {dest}; versions are never overwritten")
     latest = versions[0] if versions else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -50,6 +51,14 @@ class LLMSettings:
     target_ms: float = 3.0
 
 
+log = logging.getLogger("opsynth")
+RETRY_LOG_S = 10.0  # a retry is logged at most this often
+
+
+class NoApiAnswer(RuntimeError):
+    """The endpoint answered, with something other than the OpenAI API's JSON (a web page)."""
+
+
 class EndpointDown(RuntimeError):
     """The endpoint failed a request through every retry."""
 
@@ -78,6 +87,7 @@ class LLMClient:
         self._client = None
         self._lock = threading.Lock()
         self.down: str | None = None
+        self._said = -RETRY_LOG_S  # when a retry was last logged
 
     def complete(self, messages: list[dict]) -> tuple[str, dict, bool]:
         """(answer text, token usage, served from cache)."""
@@ -104,13 +114,25 @@ class LLMClient:
                         self.down = f"{type(error).__name__}: {str(error)[:200]}"
                         raise EndpointDown(self.down) from None
                     raise
+                self._say_retry(error, attempt, delay)
                 time.sleep(delay)
                 continue
+            if not hasattr(response, "choices"):  # the client hands back a body that was no JSON as text
+                raise NoApiAnswer(f"the endpoint answered {str(response)[:80]!r}, not the OpenAI API's JSON")
             usage = response.usage
             text = response.choices[0].message.content or "" if response.choices else ""
             return text, {"prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
                           "completion_tokens": getattr(usage, "completion_tokens", 0) or 0}
         raise EndpointDown(self.down or "no answer")
+
+    def _say_retry(self, error: BaseException, attempt: int, delay: float) -> None:
+        """A refused connection is retried for minutes: say so, at most every RETRY_LOG_S."""
+        with self._lock:
+            if time.monotonic() - self._said < RETRY_LOG_S:
+                return
+            self._said = time.monotonic()
+        log.warning("the LLM endpoint failed a request (%s: %s); retry %d of %d in %.1f s", type(error).__name__,
+                    str(error)[:120], attempt + 1, self.settings.max_attempts - 1, delay)
 
     def _openai(self):
         with self._lock:
@@ -121,6 +143,14 @@ class LLMClient:
                 self._client = openai.OpenAI(base_url=self.settings.base_url, api_key=key,
                                              timeout=self.settings.timeout_s, max_retries=0)
             return self._client
+
+
+def _hint(error: BaseException) -> str:
+    """What to check when the endpoint's answer was no JSON (a web page, a proxy's error)."""
+    import openai
+    if isinstance(error, (NoApiAnswer, json.JSONDecodeError, openai.APIResponseValidationError)):
+        return "; is OPENAI_BASE_URL (llm.base_url) the API root, ending in /v1?"
+    return ""
 
 
 def _is_transient(error: BaseException) -> bool:
@@ -188,7 +218,7 @@ class LLMComposer:
             return self._failed(job, ops, provenance, run_seed, "endpoint_down", f"the endpoint is down: {down}", "")
         except Exception as error:  # a request the endpoint refused for good (400, 401, ...)
             return self._failed(job, ops, provenance, run_seed, "llm_error",
-                                f"{type(error).__name__}: {str(error)[:300]}", "")
+                                f"{type(error).__name__}: {str(error)[:300]}{_hint(error)}", "")
         provenance.update(usage, cached=cached)
         checked = check_answer(text, ops, self.catalog)
         if checked[0] is None:

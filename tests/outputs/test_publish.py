@@ -150,3 +150,11 @@ def test_retry_decisions_are_a_pure_function():
     assert retry_delay(error(429, {"Retry-After": "7"}), 0, 1.0) == 7.0
     assert retry_delay(error(503), 3, 1.0) == 8.0
     assert sorted(["v1.10.0", "v1.2.0", "draft"], key=version_key)[-1] == "v1.10.0"
+
+
+def test_a_dry_run_to_an_unreachable_hub_still_shows_what_would_be_published(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    run = finished_run(tmp_path / "run", ["a", "b"])
+    code, output = publish(capsys, run, "--to", "hf://datasets/org/tasks", "--version", "v1", "--dry-run")
+    assert code == 2
+    assert "What" in output and "would publish, against no version: 2 samples added" in output

@@ -181,7 +181,7 @@ def test_run_with_the_llm_composer_through_faults_then_a_rerun_sends_nothing(tmp
     assert {"no_code", "missing_op", "bad_interface"} <= rejects
     stats = json.loads((out / "stats.json").read_text())
     assert stats["llm"]["tokens_per_accepted"] > 0 and stats["llm"]["answers"] >= stats["composed"] - 1
-    assert stats["composed"] == stats["accepted"] + stats["rejected"]
+    assert stats["composed"] == stats["accepted"] + stats["held_back"] + stats["rejected"]
 
 
 def test_a_fixable_reject_goes_back_with_its_verdict_and_provenance_records_the_round(catalog, tmp_path):
@@ -222,6 +222,8 @@ def test_a_dead_endpoint_ends_the_run_with_a_clear_message_and_keeps_nothing_hal
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 3 and "the LLM endpoint stayed down" in done.stderr
     assert "run the same command again" in done.stderr
+    assert "the LLM endpoint failed a request (APIConnectionError" in done.stderr  # the retry said so
+    assert "Traceback" not in done.stderr and "HTTP Request:" not in done.stderr  # nor a line per request
     assert json.loads((out / "stats.json").read_text())["composed"] == 0
 
 
@@ -245,3 +247,27 @@ def test_the_prompts_ask_for_inputs_in_each_ops_domain_and_moderate_outputs(cata
     for prompt in (compose, repair):
         assert "domain" in prompt and "1e4" in prompt and "torch.eye(n)" in prompt
     assert "well-conditioned" in compose and "atan2 of a computed value" in compose
+
+
+def test_an_endpoint_that_answers_no_json_gets_a_hint(catalog, tmp_path):
+    """A web page where the API should be (a base URL without /v1, a proxy's login page)."""
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.loopback import LoopbackServer
+
+    class Page(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = b"<html>sign in</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with LoopbackServer(Page) as page:
+        composer = LLMComposer(catalog, settings(f"http://127.0.0.1:{page.port}", max_attempts=1), tmp_path)
+        [(_, verdict)] = composer.compose_many([{"index": 0, "ops": OPS[:1]}], 0)
+    assert verdict.reason == "llm_error" and "is OPENAI_BASE_URL (llm.base_url) the API root" in verdict.detail
