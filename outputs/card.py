@@ -32,7 +32,6 @@ REJECT_GLOSSARY = {
     "llm_error": "the LLM request failed for good", "no_code": "the answer held no code block",
     "missing_op": "the code does not use every requested op",
     "near_duplicate": "too close to an earlier accepted sample",
-    "surplus": "accepted, but its op count or library had filled its share of the rows asked for",
 }
 
 
@@ -86,24 +85,11 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         *_decontamination(stats),
         "## Counts",
         "",
-        f"{stats['accepted']} accepted of {stats['composed']} composed ({stats['rejected']} rejected); "
-        f"the run stopped because it {stats['stop_reason']}.",
-        "",
+        *_counts(stats),
         *_eval_mode(stats),
-        "How it was made: operators crawled from " + ", ".join(stats.get("libraries", ["torch"]))
-        + f" were fused by the `{stats['composer']}` composer; every candidate was validated in a sandboxed "
-        "worker process (static check, eager, timing window with re-sizing, determinism, input dependence, "
-        "no dead parameter or redundant op, `torch.compile` agreement), then matched against the reference "
-        "benchmark and deduplicated.",
+        "How it was made: " + _made(stats),
         "",
-        *_table(["ops", "samples", "share", "target share"], _op_count_rows(stats)),
-        "",
-        *_plot(plots, "op_count_mix"),
-        *_op_frequency(stats),
-        *_plot(plots, "op_frequency"),
-        *_table(["library", "samples"], stats["library_mix"].items()),
-        "",
-        *_plot(plots, "library_mix"),
+        *_mixes(stats, plots),
         "## Eager time",
         "",
         *_table(["eager ms", "samples"], _histogram_rows(stats["eager_ms_histogram"])),
@@ -131,10 +117,10 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         "",
         "```python",
         "from datasets import load_dataset",
-        "from outputs.load import load_task  # pip install opsynth",
+        "from outputs.load import load_task  # opsynth, installed from its checkout: pip install -e PATH",
         "",
         'tasks = load_dataset("ORG/NAME", split="train")  # or the path of this folder',
-        "task = load_task(tasks[0])  # refuses, before running any of it, code outside opsynth's static policy",
+        *_loading(stats),
         "model = task.Model(*task.get_init_inputs()).eval()  # the checks ran every task in eval mode",
         "output = model(*task.get_inputs())",
         "```",
@@ -159,6 +145,48 @@ def _body(stats: dict, plots: dict[str, str]) -> list[str]:
         "The task format and the acceptance rules follow CUDA-Agent-Ops-6K (CUDA-Agent, arXiv 2602.24286).",
     ]
     return lines
+
+
+def _loading(stats: dict) -> list[str]:
+    """The load line of the card's snippet: with the added library ops the rows use, when any."""
+    refuses = "# refuses, before running any of it, code outside opsynth's static policy"
+    if not stats.get("library_ops"):
+        return [f"task = load_task(tasks[0])  {refuses}"]
+    return [f"LIBRARY_OPS = {stats['library_ops']!r}  # the ops of added libraries these rows use: if you trust them",
+            f"task = load_task(tasks[0], library_ops=LIBRARY_OPS)  {refuses}"]
+
+
+def _mixes(stats: dict, plots: dict[str, str]) -> list[str]:
+    """The op-count and library mixes, when the rows' ops are known (a re-audit of .py files
+    does not know them)."""
+    if not stats["op_frequency"]:
+        return ["The rows' ops are not known (tasks re-audited from files): no op-count or library mix.", ""]
+    return [*_table(["ops", "samples", "share", "target share"], _op_count_rows(stats)), "",
+            *_plot(plots, "op_count_mix"), *_op_frequency(stats), *_plot(plots, "op_frequency"),
+            *_table(["library", "samples"], stats["library_mix"].items()), "", *_plot(plots, "library_mix")]
+
+
+def _counts(stats: dict) -> list[str]:
+    held = stats.get("held_back", 0)
+    rows = f"{stats['accepted']} row" + ("" if stats["accepted"] == 1 else "s")
+    return [f"{rows} of {stats['composed']} candidates"
+            + (f"; {held} more passed every check and are kept apart in `held/` (their op count or library had "
+               f"filled its share of the {stats.get('target_samples', stats['accepted'])} rows asked for)" if held else "")
+            + f"; {stats['rejected']} rejected (`rejects/`). The run stopped because it {stats['stop_reason']}.", ""]
+
+
+def _made(stats: dict) -> str:
+    """How the rows were made: composed, or handed to `opsynth validate`; decontaminated or not."""
+    checks = ("validated in a sandboxed worker process (static check, eager, timing window with re-sizing, "
+              "determinism, input dependence, no dead parameter or redundant op, `torch.compile` agreement)")
+    if stats["composer"] == "validate":
+        made = f"the tasks of `{stats.get('source', 'the input')}` were re-audited: each was {checks}"
+    else:
+        made = ("operators crawled from " + ", ".join(stats.get("libraries", ["torch"]))
+                + f" were fused by the `{stats['composer']}` composer; every candidate was {checks}")
+    if stats.get("decontaminated"):
+        return made + ", then matched against the reference benchmark and deduplicated."
+    return made + "; no reference benchmark was given, so no task was matched against one."
 
 
 def _eval_mode(stats: dict) -> list[str]:

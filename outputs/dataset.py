@@ -19,15 +19,19 @@ from outputs.stats import compute_stats
 Record = tuple[Candidate, Verdict]
 
 
-def write_dataset(out_dir: Path, records: list[Record], run_info: dict, reference: ReferenceSet | None = None) -> dict:
-    """Write data/, rejects/, stats.json and README.md; returns the stats. With the run's
-    `reference`, the stats and the card hold the accepted tasks beside it (outputs/report.py)."""
+def write_dataset(out_dir: Path, records: list[Record], run_info: dict, reference: ReferenceSet | None = None,
+                  held: list[Record] = ()) -> dict:
+    """Write data/, rejects/, held/ (accepted records beyond the rows asked for, when there
+    are any), stats.json and README.md; returns the stats. With the run's `reference`, the
+    stats and the card hold the accepted tasks beside it (outputs/report.py)."""
     out_dir = Path(out_dir)
     accepted = [sample_row(c, v, run_info) for c, v in records if v.passed]
     rejected = [reject_row(c, v) for c, v in records if not v.passed]
     shards = write_shards(out_dir / "data", "train", accepted, SAMPLE_SCHEMA)
     write_shards(out_dir / "rejects", "rejects", rejected, REJECT_SCHEMA)
-    stats = compute_stats(records, run_info)
+    if held or (out_dir / "held").exists():
+        write_shards(out_dir / "held", "held", [sample_row(c, v, run_info) for c, v in held], SAMPLE_SCHEMA)
+    stats = compute_stats(records, run_info, held=len(held))
     if reference is not None:
         stats["reference_comparison"] = compare(profile_rows("this dataset", accepted), profile_reference(reference),
                                                 similarity=False)

@@ -20,13 +20,17 @@ from filters.grammar import static_check
 class UnsafeTask(ValueError):
     """A task's code is outside opsynth's static policy: it was not run."""
 
-    def __init__(self, reason: str, detail: str, library_ops: frozenset[str]):
+    def __init__(self, reason: str, detail: str, library_ops: frozenset[str], row_library_ops: tuple[str, ...] = ()):
         self.reason, self.detail = reason, detail
-        fix = ("Do not run it: opsynth accepts no task this check refuses, so the row was changed, made "
-               "elsewhere or accepted under an older policy. Drop the row, or read its code yourself first.")
-        if reason == "forbidden_import" and not library_ops:
-            fix += (" If it uses ops of a library you trust (the row's `ops` that are not torch's), pass them: "
-                    "load_task(row, library_ops=[...]).")
+        if row_library_ops and not library_ops:
+            libraries = sorted({op.split(".")[0] for op in row_library_ops})
+            fix = (f"This row uses ops of {', '.join(libraries)}, which a task may use only when you name them: "
+                   f"opsynth takes them from you, never from the row. If you trust {' and '.join(libraries)}, "
+                   f"load it with load_task(row, library_ops={list(row_library_ops)!r}) (the dataset card lists "
+                   "every op of its rows).")
+        else:
+            fix = ("Do not run it: opsynth accepts no task this check refuses, so the row was changed, made "
+                   "elsewhere or accepted under an older policy. Drop the row, or read its code yourself first.")
         super().__init__(f"refused to run this task ({reason}: {detail}). {fix}")
 
 
@@ -42,7 +46,14 @@ def load_task(code_or_row: str | Mapping, library_ops=()) -> types.ModuleType:
     allowed = frozenset(library_ops)
     refused = static_check(code, allowed)
     if refused:
-        raise UnsafeTask(*refused, allowed)
+        raise UnsafeTask(*refused, allowed, _library_ops_of(code_or_row))
     module = types.ModuleType("opsynth_task")
     exec(compile(code, "<opsynth task>", "exec"), module.__dict__)
     return module
+
+
+def _library_ops_of(row) -> tuple[str, ...]:
+    """The ops of an added library a row names (`kornia.filters.GaussianBlur2d`), for the
+    message: never to widen the policy."""
+    ops = row.get("ops") if isinstance(row, Mapping) else None
+    return tuple(op for op in (ops or ()) if isinstance(op, str) and op.split(".")[0] not in ("torch", "transformers"))

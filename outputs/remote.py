@@ -14,6 +14,7 @@ from pathlib import Path
 from apache_beam.io.filesystems import FileSystems
 
 STAGING = ".staging"
+LOCK_NAME = ".opsynth.lock"  # the run that holds the folder (pipeline/out_dir.py)
 
 
 class RemoteOutputError(ValueError):
@@ -50,7 +51,7 @@ def upload(local: Path, out: str) -> list[str]:
     written = []
     for path in sorted(local.rglob("*")):
         relative = path.relative_to(local)
-        if not path.is_file() or relative.parts[0] == STAGING:
+        if not path.is_file() or relative.parts[0] in (STAGING, LOCK_NAME):
             continue
         target = FileSystems.join(out, *relative.parts)
         with open(path, "rb") as source, FileSystems.create(target) as destination:

@@ -14,18 +14,23 @@ TOP_OPS = 20
 SIMILARITY_EDGES = (0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0001)
 
 
-def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict) -> dict:
+def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict, held: int = 0) -> dict:
+    """`records`: the rows and the rejects; `held`: how many more were accepted and held back
+    (written apart, in held/). composed = accepted + held_back + rejected."""
     accepted = [(c, v) for c, v in records if v.passed]
     rejected = [(c, v) for c, v in records if not v.passed]
     return {
-        "composed": len(records),
+        "composed": len(records) + held,
         "accepted": len(accepted),
+        "held_back": held,
         "rejected": len(rejected),
-        "funnel": funnel(records),
+        "funnel": funnel(records, held),
         "rejected_by_reason": dict(Counter(v.reason for _, v in rejected).most_common()),
         "op_count_mix": _sorted_counts(len(c.ops) for c, _ in accepted),
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "op_frequency": dict(Counter(op for c, _ in accepted for op in c.ops).most_common(TOP_OPS)),
+        # what a user passes to outputs.load.load_task for rows that use an added library's ops
+        "library_ops": sorted({op for c, _ in accepted for op in c.ops if op.split(".")[0] not in ("torch", "transformers")}),
         "compute_heavy_share": share(compute_heavy(c.ops) for c, _ in accepted),
         "eval_mode_only": sum(_above_one(v.metrics.get("train_mode_share")) for _, v in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),
@@ -42,9 +47,11 @@ def _above_one(share) -> bool:
     return isinstance(share, (int, float)) and share > 1.0
 
 
-def funnel(records: list[tuple[Candidate, Verdict]]) -> list[dict]:
+def funnel(records: list[tuple[Candidate, Verdict]], held: int = 0) -> list[dict]:
+    """Each stage, the candidates that entered it and those it rejected (accepted candidates
+    held back are rejected by none)."""
     rejected_at = Counter(v.stage for _, v in records if not v.passed)
-    entered = len(records)
+    entered = len(records) + held
     rows = []
     for stage in STAGES + tuple(sorted(set(rejected_at) - set(STAGES))):
         rows.append({"stage": stage, "entered": entered, "rejected": rejected_at.get(stage, 0)})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-PUBLISHED = ("README.md", "stats.json", "data", "rejects", "plots")
+PUBLISHED = ("README.md", "stats.json", "data", "held", "rejects", "plots")
 VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(own)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per LLM request otherwise
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_drop_beam_import_noise)
+        handler.addFilter(_drop_beam_noise)
+    signal.signal(signal.SIGINT, _on_interrupt)
     from operators.libraries import UnknownLibrary
     try:
         return args.handler(args, beam_args)
@@ -34,9 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         if str(error).startswith("KeyboardInterrupt"):  # Ctrl-C while a stage ran
             return _interrupted()
         full = _no_space_left(error)
-        if not full:
+        if full:
+            return _host_problem(f"no space left on the disk of --out or --cache-dir ({full}): free some space there")
+        unwritable = _os_error(error)
+        if not unwritable or os.environ.get("OPSYNTH_DEBUG"):
             raise
-        return _host_problem(f"no space left on the disk of --out or --cache-dir ({full}): free some space there")
+        print(f"opsynth: error: {unwritable}; choose a folder you can write to, or fix its permissions "
+              "(OPSYNTH_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
 
 
 def _interrupted() -> int:
@@ -44,6 +54,17 @@ def _interrupted() -> int:
     close_shared_pools()  # else the exit waits for the sandbox jobs under way
     print("opsynth: interrupted; finished work is kept, and the same command continues from it", file=sys.stderr)
     return 130
+
+
+def _os_error(error: BaseException | None) -> str:
+    """`PATH: reason` of the OSError `error` is or was raised from (a read-only folder, a file
+    where a folder should be), or ''."""
+    while error is not None:
+        if isinstance(error, OSError) and error.strerror:
+            where = error.filename or ""
+            return f"{where}: {error.strerror}" if where else error.strerror
+        error = error.__cause__ or error.__context__
+    return ""
 
 
 def _no_space_left(error: BaseException | None) -> str:
@@ -62,9 +83,27 @@ def _host_problem(message: str) -> int:
     return 3
 
 
-def _drop_beam_import_noise(record: logging.LogRecord) -> bool:
-    """Beam's import warns on the root logger about optional GCP clients we never use."""
-    return not record.getMessage().startswith("apitools not found")
+_INTERRUPTED = threading.Event()
+
+
+def _on_interrupt(signum, frame):
+    """Ctrl-C: Beam logs the KeyboardInterrupt of every stage it stops, with its traceback,
+    before `main` says in one line what happened; those records are dropped from then on."""
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+def _drop_beam_noise(record: logging.LogRecord) -> bool:
+    """Beam's import warns on the root logger about optional GCP clients we never use; and a
+    stage it stops for an interrupt or a full disk logs a traceback that `main` replaces
+    with one line naming the cause and the fix."""
+    if record.getMessage().startswith("apitools not found"):
+        return False
+    if record.name.startswith("apache_beam") and record.levelno >= logging.ERROR:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (_INTERRUPTED.is_set() or isinstance(error, KeyboardInterrupt) or _no_space_left(error)
+                    or record.getMessage().startswith("KeyboardInterrupt"))
+    return True
 
 
 def _version() -> str:
@@ -106,6 +145,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--llm-model", help="model name for --composer llm (sets llm.model)")
     run.add_argument("--similarity-threshold", type=float, help="reject above this similarity to the reference (0.9)")
     run.add_argument("--library", dest="libraries", action="append", help="op library to draw from (repeatable)")
+    run.add_argument("--library-mix", dest="library_shares", action="append", type=_library_share,
+                     metavar="LIBRARY=SHARE", help="the share of candidates a library leads, e.g. kornia=0.3 "
+                                                   "(repeatable; an added library gets 0.25 split between them)")
     _add_sandbox_flags(run)
     run.set_defaults(handler=_run)
 
@@ -146,6 +188,11 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="where report.md, report.json and plots/ go (default: DIR/report)")
     report.add_argument("--levels", default="1,2,3", help="KernelBench levels to use (default: 1,2,3)")
     report.set_defaults(handler=_report)
+
+    rejects = commands.add_parser("rejects", help="why a run's candidates were rejected, by reason, with examples")
+    rejects.add_argument("dir", help="the --out of `opsynth run` or `opsynth validate`")
+    rejects.add_argument("--examples", type=int, default=1, help="examples to show of each reason (default: 1)")
+    rejects.set_defaults(handler=_rejects)
 
     crawl = commands.add_parser("crawl", help="build the operator catalog")
     crawl.add_argument("--library", dest="libraries", action="append",
@@ -234,6 +281,16 @@ def _report(args, beam_args) -> int:
     return 0
 
 
+def _rejects(args, beam_args) -> int:
+    from outputs.rejects import RejectsError, summarize_rejects
+
+    try:
+        print(summarize_rejects(args.dir, args.examples))
+    except RejectsError as error:
+        raise ConfigError(str(error)) from None
+    return 0
+
+
 def _dedupe(args, beam_args) -> int:
     import os
 
@@ -255,6 +312,14 @@ def _dedupe(args, beam_args) -> int:
     print(f"{args.out}: {len(rows)} tasks, {removed} removed "
           f"({sum(row['max_similarity'] > args.threshold for row in rows)} similar to the reference)")
     return 0
+
+
+def _library_share(text: str) -> tuple[str, float]:
+    library, _, share = text.partition("=")
+    try:
+        return library.strip(), float(share)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LIBRARY=SHARE, e.g. kornia=0.3") from None
 
 
 def _levels(text: str) -> tuple[int, ...]:

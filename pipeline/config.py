@@ -15,7 +15,7 @@ import yaml
 from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.pool import SandboxOptions
 from pipeline.composers.llm import LLMSettings
-from operators.libraries import DEFAULT_LIBRARIES
+from operators.libraries import DEFAULT_LIBRARIES, library_name
 from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, SAMPLINGS
 from pipeline.defaults import ConfigError, default_cache_dir
 
@@ -81,6 +81,10 @@ class RunConfig:
                  "similarity_threshold and dedupe_threshold must be in (0, 1]")
         _require(self.workers >= 0, "workers must be 0 (auto) or more")
         _require(bool(self.libraries), "libraries must name at least one op library, e.g. [torch]")
+        self.library_mix = {str(k): float(v) for k, v in self.library_mix.items()}
+        _require(all(0 <= v <= 1 for v in self.library_mix.values()) and sum(self.library_mix.values()) <= 1,
+                 f"library_mix must give each library a share in [0, 1], together at most 1, not {self.library_mix}")
+        self.library_mix = {**added_library_shares(self.libraries, self.library_mix), **self.library_mix}
         mix = {int(k): float(v) for k, v in self.op_count_mix.items()}
         _require(mix and all(1 <= k <= 5 and v >= 0 for k, v in mix.items()) and sum(mix.values()) > 0,
                  f"op_count_mix must map op counts 1-5 to non-negative weights, not {self.op_count_mix}")
@@ -98,10 +102,27 @@ class RunConfig:
         return self
 
 
+# The share of candidates an added library (kornia, einops: not torch, not transformers) leads
+# when the configuration gives it none, split between the added libraries: drawn by how often
+# model code calls them, their ops would otherwise seldom appear (a README run of 8 had none).
+ADDED_LIBRARY_SHARE = 0.25
+
+
+def added_library_shares(libraries: list[str], library_mix: dict) -> dict:
+    """A share for every added library the mix does not name (`--library-mix kornia=0.1` sets one)."""
+    added = sorted({library_name(library) for library in libraries} - {"torch", "transformers"})
+    left = max(0.0, 1.0 - sum(library_mix.values()))
+    share = min(ADDED_LIBRARY_SHARE, left) / len(added) if added else 0.0
+    return {library: round(share, 4) for library in added if library not in library_mix}
+
+
 def build_config(config_file: str | None, overrides: dict) -> RunConfig:
     values = load_config_file(config_file) if config_file else {}
     llm_model = overrides.pop("llm_model", None)
+    shares = overrides.pop("library_shares", None)  # --library-mix LIB=SHARE, repeatable
     values.update({key: value for key, value in overrides.items() if value is not None})
+    if shares:
+        values["library_mix"] = {**values.get("library_mix", RunConfig().library_mix), **dict(shares)}
     if llm_model:
         values["llm"] = {**values.get("llm", {}), "model": llm_model}
     return RunConfig(**coerce(values)).check()

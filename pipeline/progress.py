@@ -23,36 +23,61 @@ log = logging.getLogger("opsynth")
 _ACTIVE: "Progress | None" = None
 
 
-def report(passed: bool, reason: str) -> None:
+def report(passed: bool, reason: str, record=None) -> None:
     if _ACTIVE is not None:
-        _ACTIVE.record(passed, reason)
+        _ACTIVE.record(passed, reason, record)
+
+
+def stop_requested() -> bool:
+    """Whether the run in progress has what it asked for: the work still in flight is not needed."""
+    return _ACTIVE is not None and _ACTIVE.done.is_set()
 
 
 class Progress:
-    def __init__(self, target: int, already_accepted: int = 0, stream=None, log_every_s: float = 15.0):
-        self.target, self.stream, self.log_every_s = target, stream or sys.stderr, log_every_s
+    def __init__(self, target: int, already_accepted: int = 0, stream=None, log_every_s: float = 15.0,
+                 started: float | None = None, heartbeat_s: float = 60.0):
+        """`started`: when the command started (time.monotonic), so that the rate counts its
+        set-up too, as stats.json's accepted_per_hour does."""
+        self.target, self.stream, self.log_every_s, self.heartbeat_s = target, stream or sys.stderr, log_every_s, heartbeat_s
         self.accepted, self.rejected = already_accepted, Counter()
-        self.started, self.base = time.monotonic(), already_accepted
+        self.started, self.base = started or time.monotonic(), already_accepted
         self.lock = threading.Lock()
-        self.stopped = threading.Event()
+        self.stopped, self.done = threading.Event(), threading.Event()
+        self.enough, self.kept = None, []
         self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
 
-    def record(self, passed: bool, reason: str) -> None:
+    def record(self, passed: bool, reason: str, record=None) -> None:
         with self.lock:
             if passed:
                 self.accepted += 1
+                if record is not None:
+                    self.kept.append(record)
             else:
                 self.rejected[reason] += 1
+            if passed and self.enough is not None and self.enough(self.kept):
+                self.done.set()
 
-    def sync(self, accepted: int, rejected: Counter) -> None:
+    def stop_when(self, enough, accepted_records: list) -> None:
+        """Set `done` once `enough(accepted records)` holds: a run whose target is met stops
+        validating (pipeline/transforms.py) instead of finishing a round it no longer needs."""
+        with self.lock:
+            self.enough, self.kept = enough, list(accepted_records)
+            if enough(self.kept):
+                self.done.set()
+
+    def sync(self, accepted: int, rejected: Counter, accepted_records: list | None = None) -> None:
         """Align with the decided records at the end of a round (dedupe and decontamination
-        may have changed verdicts after validation)."""
+        may have changed verdicts after validation): what is enough is judged again."""
         with self.lock:
             self.accepted, self.rejected = accepted, Counter(rejected)
+            if accepted_records is not None:
+                self.kept = list(accepted_records)
+                if self.enough is not None and not self.enough(self.kept):
+                    self.done.clear()
 
     def line(self) -> str:
         rate, rejects, eta = self._figures()
-        return (f"accepted {min(self.accepted, self.target)}/{self.target} | rejected {rejects} | "
+        return (f"accepted {self.accepted}/{self.target} | rejected {rejects} | "
                 f"{rate * 3600:.0f} accepted/h | ETA {eta}")
 
     def _figures(self) -> tuple[float, str, str]:
@@ -105,9 +130,15 @@ class Progress:
             self._update_bar()
 
     def _log_changes(self) -> None:
-        logged = (self.accepted, sum(self.rejected.values()))
+        """A line whenever the counts changed, and one every `heartbeat_s` while they do not:
+        a long validation is never silent."""
+        logged, quiet_since = (self.accepted, sum(self.rejected.values())), time.monotonic()
         while not self.stopped.wait(self.log_every_s):
             now = (self.accepted, sum(self.rejected.values()))
             if now != logged:
                 log.info("%s", self.line())
-                logged = now
+                logged, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= self.heartbeat_s:
+                log.info("still validating, no new verdict for %.0f s: %s", time.monotonic() - quiet_since,
+                         self.line())
+                quiet_since = time.monotonic()

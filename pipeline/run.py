@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from filters.sandbox.checks import CHECK_STAGES, DEFAULTS as CHECK_DEFAULTS
@@ -41,10 +42,12 @@ from pipeline.out_dir import copy_to_remote, log_to, output_dir
 from pipeline.planning import plan_jobs
 from pipeline.progress import Progress
 from pipeline.run_info import run_info
-from pipeline.sampling import NoOpsSelected, mix_gaps, select_ops, steer_config, top_up_candidates, written_rows
+from pipeline.sampling import (NoOpsSelected, held_back, mix_gaps, rows_complete, select_ops, steer_config,
+                               top_up_candidates, written_rows)
 from pipeline.staging import (drop_near_duplicates, keep_before_endpoint_down, read_invocations, read_jsonl,
                               read_rounds, record_invocation, run_fingerprint, staging_dir)
-from pipeline.transforms import ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates, WriteRecords
+from pipeline.transforms import (FROM_STORE, ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates,
+                                 WriteRecords)
 
 log = logging.getLogger("opsynth")
 MIN_YIELD = 0.1
@@ -107,7 +110,8 @@ def run(cfg: RunConfig) -> dict:
         decided_so_far[0] = decided
         record_invocation(setup.staging, invocation, time.monotonic() - started, decided - resumed[0])
 
-    with Progress(cfg.num_samples, sum(v.passed for _, v in records)) as status:
+    with Progress(cfg.num_samples, sum(v.passed for _, v in records), started=started) as status:
+        status.stop_when(lambda accepted: rows_complete(accepted, cfg), [r for r in records if r[1].passed])
         try:
             stop_reason, records, down = _rounds(setup, records, next_index, status, ledger)
         except BaseException:  # interrupted: its time counts in the run's stats, with the rounds it finished
@@ -116,13 +120,23 @@ def run(cfg: RunConfig) -> dict:
 
     (log.info if "num-samples" in stop_reason else log.warning)("stopped: %s", stop_reason)
     ledger(len(records))
-    records = written_rows(records, cfg)
+    accepted = sum(v.passed for _, v in records)
+    records, held = held_back(written_rows(records, cfg))
     info = run_info(cfg, device, reference, stop_reason, read_invocations(setup.staging), resumed,
-                    sum(v.passed for _, v in records), sorted({spec.library for spec in catalog}))
-    stats = write_dataset(out_dir, records, info, reference)
-    log.info("wrote %s: %d accepted, %d rejected", out_dir, stats["accepted"], stats["rejected"])
+                    accepted, sorted({spec.library for spec in catalog}))
+    stats = write_dataset(out_dir, records, info, reference, held=held)
+    log.info("wrote %s: %s; %d accepted/h over the run's %.0f s", out_dir, written_summary(stats),
+             stats["accepted_per_hour"], stats["wall_time_s"])
     copy_to_remote(out_dir, cfg.out)
     return {**stats, "endpoint_down": down is not None}
+
+
+def written_summary(stats: dict) -> str:
+    """What a finished command wrote, in the words the card uses."""
+    held = stats.get("held_back", 0)
+    return (f"{stats['accepted']} rows" + (f" ({held} more accepted, held back in held/: their op count or library "
+                                           "had filled its share)" if held else "")
+            + f", {stats['rejected']} rejected (rejects/)")
 
 
 def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress, ledger):
@@ -142,13 +156,17 @@ def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress, l
                            f"{sum(v.passed for _, v in records)} accepted")
             break
         path = setup.staging / f"round-{next_index:07d}-{next_index + len(jobs):07d}.jsonl"
-        _run_round(steered, jobs, [c for c, _ in records], path)
+        log.info("round of %d candidates (%d-%d): composing, then validating on %d workers", len(jobs), next_index,
+                 next_index + len(jobs) - 1, setup.workers)
+        reused = _run_round(steered, jobs, [c for c, _ in records], path)
         round_records, down = keep_before_endpoint_down(path)
         records = drop_near_duplicates(records + round_records, cfg.dedupe_threshold)
         next_index += len(jobs)
-        status.sync(sum(v.passed for _, v in records), Counter(v.reason for _, v in records if not v.passed))
+        status.sync(sum(v.passed for _, v in records), Counter(v.reason for _, v in records if not v.passed),
+                    [record for record in records if record[1].passed])
         ledger(len(records))
-        log.info("round of %d done: %s", len(round_records), status.line())
+        log.info("round of %d done: %s%s", len(round_records), status.line(),
+                 f" ({reused} verdicts found in the verdict store, decided before: not run again)" if reused else "")
         if down:
             stop_reason = (f"the LLM endpoint stayed down ({down}); the {len(records)} candidates decided so far "
                            "are kept; fix the endpoint and run the same command again to continue")
@@ -212,9 +230,13 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     records = read_jsonl(path)
     stop = f"validated all {len(candidates)} tasks of {tasks}"
     invocation = {"wall_time_s": time.monotonic() - started, "decided": len(records)}
-    info = run_info(cfg, device, None, stop, {"validate": invocation}, (0, 0), sum(v.passed for _, v in records))
+    info = {**run_info(cfg, device, None, stop, {"validate": invocation}, (0, 0), sum(v.passed for _, v in records)),
+            "composer": "validate", "sampling": None, "source": str(tasks), "target_samples": len(candidates)}
     stats = write_dataset(out_dir, records, info)
     log.info("wrote %s: %d of %d tasks pass", out_dir, stats["accepted"], stats["composed"])
+    for candidate, verdict in sorted(records, key=lambda record: str(record[0].provenance.get("source"))):
+        log.info("  %s: %s", candidate.provenance.get("source"),
+                 "passes" if verdict.passed else f"{verdict.stage}/{verdict.reason}: {verdict.detail[:160]}")
     copy_to_remote(out_dir, cfg.out)
     return stats
 
@@ -274,9 +296,10 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
             "checks": list(CHECK_STAGES)}  # verdicts stored before a check was added do not count
 
 
-def _run_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], path: Path) -> None:
+def _run_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], path: Path) -> int:
     """One Beam pipeline: compose `jobs`, then decide each, knowing the `prior` candidates
-    of earlier rounds; the records land in `path`."""
+    of earlier rounds; the records land in `path`. Returns how many verdicts it found in the
+    verdict store (decided by an earlier, interrupted invocation)."""
     cfg, llm = setup.cfg, setup.llm
     sandbox = sandbox_options(cfg, setup.device, setup.gpus, setup.workers, setup.out_dir)
     check_config = _check_config(cfg, setup.device, sandbox)
@@ -297,6 +320,7 @@ def _run_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], path: 
             records = records | "Decontaminate" >> Decontaminate(setup.reference.fingerprints, cfg.similarity_threshold)
         records | "Write" >> WriteRecords(str(path))
     drop_write_leftovers(path)
+    return counted(pipeline, f"validate.{FROM_STORE}")
 
 
 def drop_write_leftovers(path: Path) -> None:
@@ -332,16 +356,27 @@ def _load_reference(cfg: RunConfig) -> ReferenceSet | None:
 
 @contextlib.contextmanager
 def round_pipeline(beam_args: list[str], groups: int):
-    """A Beam pipeline on the user's runner, run to the end when the block closes."""
+    """A Beam pipeline on the user's runner, run to the end when the block closes (its result
+    is kept as `pipeline.finished`, for its counters)."""
     pipeline = beam.Pipeline(options=PipelineOptions(_beam_args(beam_args, groups)))
     yield pipeline
     result = pipeline.run()
     try:
         result.wait_until_finish()
+        pipeline.finished = result
     finally:
         client = getattr(result, "client", None)  # the DaskRunner leaves its connection to the scheduler open
         if client is not None:
             client.close()
+
+
+def counted(pipeline, name: str) -> int:
+    """A counter of a finished round (0 where the runner reports none)."""
+    try:
+        found = pipeline.finished.metrics().query(MetricsFilter().with_name(name))["counters"]
+    except Exception:  # a runner without metrics
+        return 0
+    return int(sum(counter.committed or counter.attempted or 0 for counter in found))
 
 
 def validation_groups(beam_args: list[str], candidates: int, workers: int) -> int:

@@ -14,7 +14,8 @@ def run_info(cfg: RunConfig, device: str, reference, stop_reason: str, invocatio
               resumed: tuple[int, int], accepted: int, op_libraries: list[str] = ()) -> dict:
     """`wall_time_s` and `accepted_per_hour` add up every invocation of the run (the staging
     ledger, `invocations`: each one's clock up to its last finished round); `resumed_candidates`
-    are those that earlier invocations decided."""
+    are those that earlier invocations decided; `accepted` counts every candidate the checks
+    accepted, the rows and those held back alike."""
     wall_time_s = round(sum(entry["wall_time_s"] for entry in invocations.values()), 1)
     return {
         "device": device, "composer": cfg.composer, "sampling": cfg.sampling, "seed": cfg.seed,

@@ -12,7 +12,8 @@ same candidates.
 
 Steering is noisy at the end of a run (a share of a few rows in 500 is decided by the last
 round's draws), so the rows written are chosen from all accepted (`written_rows`): each
-op count and each library of the mix gets its quota of --num-samples, the rest is surplus.
+op count and each library of the mix gets its quota of --num-samples, the rest is held back
+(written apart, in held/: accepted, not rejected).
 With `mix_tolerance` set, a run whose accepted rows cannot fill the quotas that closely
 composes top-up rounds of what is lacking (`top_up_candidates`).
 """
@@ -120,17 +121,26 @@ def _lead(candidate: Candidate, library_mix: dict) -> str:
 def written_rows(records: list[tuple[Candidate, Verdict]], cfg) -> list[tuple[Candidate, Verdict]]:
     """`records` with at most --num-samples accepted: those that meet the mix best, each op
     count and each library of the mix filled to its quota of --num-samples (earliest
-    candidates first), the others rejected as `surplus` (kept among the rejects, with every
-    measurement)."""
+    candidates first), the others marked held back (`surplus`, stage `mix`: accepted by every
+    check, written apart from the rows and from the rejects, `held_back`)."""
     accepted = sorted((record for record in records if record[1].passed), key=_index)
     if len(accepted) <= cfg.num_samples:
         return records
     kept = {id(record) for record in _choose(accepted, cfg)}
-    surplus = dict(stage="mix", passed=False, reason="surplus",
+    surplus = dict(stage="mix", passed=False, reason=HELD_BACK,
                    detail=f"accepted, but its op count or library already fills its share of --num-samples "
                           f"{cfg.num_samples}")
     return [record if not record[1].passed or id(record) in kept else (record[0], dataclasses.replace(record[1], **surplus))
             for record in records]
+
+
+HELD_BACK = "surplus"  # the mark `written_rows` gives an accepted record it does not write as a row
+
+
+def held_back(records: list[tuple[Candidate, Verdict]]) -> tuple[list, list]:
+    """(the records that are rows or rejects, the accepted records held back)."""
+    return ([record for record in records if record[1].reason != HELD_BACK],
+            [record for record in records if record[1].reason == HELD_BACK])
 
 
 def _choose(accepted: list, cfg) -> list:
@@ -193,7 +203,7 @@ def top_up_candidates(records: list[tuple[Candidate, Verdict]], cfg) -> int:
     if cfg.mix_tolerance is None:
         return 0
     written = written_rows(records, cfg)
-    if all(abs(gap) <= max(1.0, cfg.mix_tolerance * cfg.num_samples) for gap in mix_gaps(written, cfg).values()):
+    if _within_tolerance(written, cfg):
         return 0
     fresh = [(candidate, verdict) for candidate, verdict in records if candidate.ops]
     needed = []
@@ -204,6 +214,17 @@ def top_up_candidates(records: list[tuple[Candidate, Verdict]], cfg) -> int:
         needed.append(sum(max(0.0, share * cfg.num_samples - have[k]) / max(rate[k], 1e-3)
                           for k, share in target.items()))
     return max(1, math.ceil(max(needed)))
+
+
+def rows_complete(accepted: list[tuple[Candidate, Verdict]], cfg) -> bool:
+    """Whether these accepted records already give --num-samples rows that meet the mix (to
+    within `mix_tolerance`, when one is set): what the run asked for is there."""
+    return len(accepted) >= cfg.num_samples and (cfg.mix_tolerance is None
+                                                 or _within_tolerance(written_rows(accepted, cfg), cfg))
+
+
+def _within_tolerance(written: list, cfg) -> bool:
+    return all(abs(gap) <= max(1.0, cfg.mix_tolerance * cfg.num_samples) for gap in mix_gaps(written, cfg).values())
 
 
 def _held(records, cfg) -> tuple[Counter, Counter]:

@@ -19,7 +19,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from filters.similarity.decontaminate import SimilarityIndex
-from filters.sandbox.pool import SandboxOptions, shared_pool
+from filters.sandbox.pool import SandboxOptions, close_shared_pools, shared_pool
 from filters.similarity.score import fingerprint
 from filters.sandbox.validate import start_validation
 from filters.store import VerdictStore
@@ -30,6 +30,9 @@ from pipeline.composers import make_composer
 NAMESPACE = "opsynth"
 
 Record = tuple[Candidate, Verdict | None]
+
+
+FROM_STORE = "from_store"  # verdicts a validation found in the verdict store
 
 
 def count(stage: str, outcome: str) -> None:
@@ -155,14 +158,29 @@ class _ValidateFn(beam.DoFn):
         for candidate, verdict in sorted(group, key=lambda record: index_of(record[0])):
             if verdict is not None:
                 yield candidate, verdict
-            else:
+            elif not progress.stop_requested():
                 in_flight[start_validation(candidate, self.pool, self.check_config, self.library_ops,
                                            store=self.store)] = candidate
         for future in as_completed(in_flight):
-            verdict = future.result()
-            count(verdict.stage, "passed" if verdict.passed else verdict.reason)
-            progress.report(verdict.passed, verdict.reason)
-            yield in_flight[future], verdict
+            if progress.stop_requested():
+                # the run has its rows: what is under way is not needed, and its candidates stay
+                # undecided (a later, larger run composes new ones); what is decided is kept
+                yield from self._finished(in_flight)
+                close_shared_pools()
+                return
+            yield self._decided(in_flight, future)
+
+    def _decided(self, in_flight: dict, future) -> Record:
+        verdict = future.result()
+        count(verdict.stage, "passed" if verdict.passed else verdict.reason)
+        if getattr(future, "from_store", False):
+            count("validate", FROM_STORE)  # a resumed run says how much it found done, on any runner
+        progress.report(verdict.passed, verdict.reason, (in_flight[future], verdict))
+        return in_flight.pop(future), verdict
+
+    def _finished(self, in_flight: dict):
+        for future in [future for future in in_flight if future.done() and not future.cancelled()]:
+            yield self._decided(in_flight, future)
 
 
 class Decontaminate(beam.PTransform):

@@ -3,7 +3,8 @@
 POST /v1/chat/completions answers with a task fusing the operators the prompt lists (or,
 for a repair prompt, the operators it names), unless a scripted fault comes first. Faults,
 taken in order, one per request: "429" (with Retry-After), "500", "hang" (longer than the
-client's timeout), "no_code", "bad_interface", "missing_op", "refusal". Every request is
+client's timeout), "no_code", "bad_interface", "missing_op", "refusal", "endless" (a task whose
+forward never ends). Every request is
 counted, so a test can assert that a rerun sends none.
 """
 from __future__ import annotations
@@ -97,6 +98,9 @@ class LLMStandIn(LoopbackServer):
             "refusal": "I can't help with that.",
             "bad_interface": "```python\n" + code.replace("def get_inputs", "def make_inputs") + "```",
             "missing_op": "```python\n" + fused_task(ops[:1]) + "```",
+            # grammatical, and endless: it holds a sandbox worker until its time limit
+            "endless": "```python\n" + code.replace("        return x\n", "        for _ in range(x.shape[0] ** 9):\n"
+                                                     "            x = x * 1.0\n        return x\n") + "```",
         }[fault]
         self._send(request, 200, {
             "id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": body["model"],

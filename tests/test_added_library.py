@@ -84,3 +84,24 @@ def test_accepted_tasks_of_an_added_library_rerun_on_their_own(run_dir, tmp_path
         checked = subprocess.run([sys.executable, "-c", STANDALONE_CHECK, str(path)], capture_output=True, text=True,
                                  timeout=300, env={**os.environ, **WORKER_ENV, "OMP_NUM_THREADS": "1"})
         assert checked.returncode == 0, checked.stderr[-2000:]
+
+
+def test_the_cards_loading_recipe_loads_a_row_of_an_added_library(run_dir):
+    """The card names the added libraries' ops its rows use, and its snippet loads and runs
+    such a row as written; without them the refusal says how to load it, accusing no one."""
+    import re
+
+    from outputs.load import UnsafeTask, load_task
+
+    rows = pq.read_table(run_dir / "data").to_pylist()
+    index = next(i for i, row in enumerate(rows) if not row["data_source"].startswith("torch#"))
+    card = (run_dir / "README.md").read_text()
+    [snippet] = re.findall(r"## Loading\n\n```python\n(.*?)```", card, re.DOTALL)
+    assert "LIBRARY_OPS = [" in snippet
+    namespace = {}
+    exec(snippet.replace('"ORG/NAME"', repr(str(run_dir))).replace("tasks[0]", f"tasks[{index}]"), namespace)
+    assert namespace["output"].numel() > 0
+    with pytest.raises(UnsafeTask) as refused:
+        load_task(rows[index])
+    message = str(refused.value)
+    assert "load_task(row, library_ops=[" in message and "changed" not in message

@@ -86,9 +86,18 @@ def test_run_writes_the_design_layout_and_loads_with_datasets(run_dir):
     rejects = pq.read_table(out / "rejects")
 
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["composed"] == stats["accepted"] + stats["rejected"] == loaded.num_rows + rejects.num_rows
+    held = pq.read_table(out / "held").num_rows if (out / "held").exists() else 0
+    assert stats["composed"] == stats["accepted"] + stats["held_back"] + stats["rejected"] \
+        == loaded.num_rows + held + rejects.num_rows
+    assert "surplus" not in stats["rejected_by_reason"]  # an accepted task held back is no reject
     assert stats["resumed_candidates"] == 0
-    rate = stats["accepted"] / stats["wall_time_s"] * 3600
+    _, _, log = run_dir
+    card = (out / "README.md").read_text()
+    rows = f"{stats['accepted']} row" + ("" if stats["accepted"] == 1 else "s")
+    assert f"wrote {out}: {rows}" in log and f"{stats['rejected']} rejected (rejects/)" in log  # the log, the
+    assert f"{stats['accepted_per_hour']} accepted/h over the run" in log  # stats and the card say the same
+    assert f"{rows} of {stats['composed']} candidates" in card
+    rate = (stats["accepted"] + stats["held_back"]) / stats["wall_time_s"] * 3600
     assert abs(stats["accepted_per_hour"] - rate) <= 0.5  # a whole number per hour
     ids = list(loaded["id"]) + [row["id"] for row in rejects.to_pylist() if row["reason"] != "duplicate"]
     assert len(ids) == len(set(ids))  # one verdict per distinct task; a repeat is rejected as `duplicate`
@@ -131,7 +140,7 @@ def test_the_same_command_again_resumes_without_new_work(run_dir):
     ledger = json.loads((out / ".staging" / "invocations.json").read_text())
     assert stats["invocations"] == len(ledger) == 2 and stats["wall_time_s"] > max(e["wall_time_s"] for e in ledger.values())
     assert stats["wall_time_s"] == pytest.approx(sum(e["wall_time_s"] for e in ledger.values()), abs=0.2)
-    assert stats["accepted_per_hour"] == round(stats["accepted"] / stats["wall_time_s"] * 3600)
+    assert stats["accepted_per_hour"] == round((stats["accepted"] + stats["held_back"]) / stats["wall_time_s"] * 3600)
 
 
 def test_the_finished_run_publishes_as_a_version_that_loads_back(run_dir, tmp_path):

@@ -35,6 +35,7 @@ def test_sigkill_mid_run_then_the_same_command_finishes_cleanly(tmp_path, cache_
 
     again = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "verdicts found in the verdict store, decided before: not run again" in again.stderr  # it says so
     accepted = pq.read_table(out / "data").column("id").to_pylist()
     rejected = pq.read_table(out / "rejects").column("id").to_pylist()
     assert len(accepted) >= 6
@@ -67,6 +68,7 @@ def test_ctrl_c_mid_validation_stops_the_run_at_once_and_ends_its_sandbox_worker
     assert time.monotonic() - interrupted < 15, "the exit waited for the jobs under way"
     assert run.returncode == 130, stderr[-2000:]
     assert "interrupted; finished work is kept" in stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr  # one line, not Beam's traceback
     # its time counts in the run's stats, though it finished no round (an H200 call interrupted
     # mid-round was missing from the resumed run's accepted/h)
     ledger = json.loads((tmp_path / "run" / ".staging" / "invocations.json").read_text())

@@ -20,7 +20,9 @@ def start_validation(candidate: Candidate, pool: WorkerPool, check_config: dict,
     key = store.key(candidate.code, check_config) if store else ""
     stored = store.get(key) if store else None
     if stored is not None:
-        return _decided(_verdict(candidate, stored))
+        reused = _decided(_verdict(candidate, stored))
+        reused.from_store = True  # a resumed run says how much it found done
+        return reused
 
     def finish(result: dict) -> Verdict:
         if store and result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again

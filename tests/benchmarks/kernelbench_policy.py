@@ -14,6 +14,7 @@ of KernelBench is copied into this repository; the tasks are read where they lie
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -54,12 +55,15 @@ def main() -> None:
     sets += [("catalog", lambda: judge_catalog(args.catalog))] if args.catalog else []
     if not sets:
         parser.error("give a KernelBench checkout, --catalog, or both")
+    static_check(sets and "")  # the allowlist is built once a process (about half a second): not a task's cost
     for label, run in sets:
+        began = time.perf_counter()
         read, refused = run()
+        took = time.perf_counter() - began
         for name, (reason, detail) in refused:
             print(f"{label}/{name}: {reason}: {detail}")
         totals[label] = len(refused)
-        print(f"{label}: {len(refused)} of {read} refused")
+        print(f"{label}: {len(refused)} of {read} refused ({took / max(read, 1) * 1e3:.1f} ms a task)")
     print(f"total: {sum(totals.values())} refused")
 
 

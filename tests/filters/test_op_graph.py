@@ -748,10 +748,11 @@ def test_a_layer_printed_and_parsed_back_leaves_its_task_untraced():
 
 def test_a_task_cannot_show_the_tracer_decoy_ops():
     """A branch on the device (`x.is_meta`) sees real tensors: the trace is what a run
-    computes. The static check refuses such a forward, so no meta trace is ever trusted for it."""
+    computes. The grammar refuses such a forward (`is_meta` is on no allowlist), so no meta
+    trace is ever trusted for it."""
     plain, steering = TASK.replace("{body}", PLAIN), TASK.replace("{body}", STEERING)
     assert trace(plain) == trace(steering) == "mm add tanh"
-    assert static_check(steering)[0] == "impure_forward"
+    assert static_check(steering)[0] == "forbidden_call"
 
 
 ALL_FORMS = '''\

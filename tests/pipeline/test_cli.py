@@ -177,3 +177,20 @@ def test_a_round_asks_for_what_the_yield_needs_within_its_bounds():
     assert round_size(1, 99, 100, 4, 1000) == 8  # one batch for every worker at least
     assert round_size(6000, 0, 0, 8, 20000) == ROUND_PER_WORKER * 8  # a big run goes round by round
     assert round_size(6000, 0, 0, 8, 100) == 100  # never past --max-candidates
+
+
+def test_beams_traceback_of_an_interrupt_or_a_full_disk_is_not_shown():
+    """The CLI says in one line what happened (and the fix); Beam's stage logged the same
+    error with its traceback first, the rest of its errors stay."""
+    import errno
+    import logging
+
+    from pipeline import cli
+
+    def record(error, name="apache_beam.runners.common"):
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, str(error), None, (type(error), error, None))
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert not cli._drop_beam_noise(record(full))
+    assert not cli._drop_beam_noise(record(KeyboardInterrupt()))
+    assert cli._drop_beam_noise(record(ValueError("a real bug")))
+    assert cli._drop_beam_noise(record(full, name="opsynth"))  # our own lines stay

@@ -125,3 +125,16 @@ def test_a_changed_threshold_is_a_new_verdict_key_and_a_new_run(tmp_path, monkey
     before, run_before = key(), _fingerprint(cfg, "cpu")
     monkeypatch.setitem(checks.DEFAULTS, "min_changed_share", 0.3)
     assert key() != before and _fingerprint(cfg, "cpu") != run_before
+
+
+def test_an_added_library_leads_its_share_of_candidates_unless_told_otherwise():
+    """The README's `--library torch --library kornia.filters` composed no kornia task in a run
+    of 8: an added library leads a quarter of the candidates by default, `--library-mix` sets it."""
+    assert build_config(None, {"libraries": ["torch", "kornia.filters"]}).library_mix == {"transformers": 0.012,
+                                                                                         "kornia": 0.25}
+    two = build_config(None, {"libraries": ["torch", "kornia.filters", "einops"]}).library_mix
+    assert two["kornia"] == two["einops"] == 0.125
+    chosen = build_config(None, {"libraries": ["torch", "kornia.filters"], "library_shares": [("kornia", 0.4)]})
+    assert chosen.library_mix["kornia"] == 0.4
+    with pytest.raises(ConfigError, match="library_mix"):
+        build_config(None, {"library_shares": [("kornia", 1.5)]})

@@ -43,7 +43,7 @@ def test_live_bar_in_a_terminal_counts_verdicts_and_keeps_log_lines_out_of_it(mo
 
 def test_the_eta_is_a_time_left_and_never_negative():
     status = Progress(target=3, already_accepted=5, stream=io.StringIO())
-    assert status.line().startswith("accepted 3/3") and status.line().endswith("ETA -")
+    assert status.line().startswith("accepted 5/3") and status.line().endswith("ETA -")  # the count is the true one
 
 
 def test_plain_log_lines_when_not_a_terminal_and_only_while_counts_change(caplog):
@@ -57,3 +57,23 @@ def test_plain_log_lines_when_not_a_terminal_and_only_while_counts_change(caplog
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(" | ")[:2] for line in lines] == [["accepted 1/3", "rejected 0 (none)"],
                                                           ["accepted 1/3", "rejected 1 (timeout 1)"]]
+
+
+def test_a_quiet_validation_is_never_silent(caplog):
+    """No verdict for a while (a compile, a long candidate): a line says the run is still at it."""
+    with caplog.at_level("INFO", logger="opsynth"), Progress(target=3, stream=io.StringIO(), log_every_s=0.1,
+                                                             heartbeat_s=0.3):
+        time.sleep(0.8)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines and all(line.startswith("still validating, no new verdict for") for line in lines)
+
+
+def test_the_run_is_done_once_what_it_asked_for_is_accepted():
+    status = Progress(target=2, stream=io.StringIO())
+    status.stop_when(lambda accepted: len(accepted) >= 2, [])
+    status.record(True, "", ("a", None))
+    assert not status.done.is_set()
+    status.record(True, "", ("b", None))
+    assert status.done.is_set()
+    status.sync(1, {}, [("a", None)])  # decontamination took one back: the run is not done after all
+    assert not status.done.is_set()
