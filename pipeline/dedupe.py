@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
 TRACE_BATCH = 32  # tasks a child traces: a few seconds of work, well inside the trace's time limit
+HALVE_FAILED = True  # a failed batch is halved (False: its tasks go to a child each, as before; benchmarks)
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
@@ -91,7 +92,7 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
             rest = part[done:]
             if result["passed"] and not result["metrics"].get("steered") and done:
                 queue += _chunks(rest, batch)  # out of time or room: the rest in batches again
-            elif not result["passed"] and len(rest) > 1:
+            elif not result["passed"] and len(rest) > 1 and HALVE_FAILED:
                 queue += _chunks(rest, (len(rest) + 1) // 2)  # one task failed it: find it by halves
             else:
                 alone += rest

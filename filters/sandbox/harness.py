@@ -16,9 +16,8 @@ from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderT
 from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, first_inputs, load_task, release,
                                       timed)
 from filters.sandbox.gpu_memory import GpuMemoryBusy
-from filters.sandbox.op_graph import op_graph, op_graph_and_drops
+from filters.sandbox.op_graph import MAX_OP_GRAPH, op_graph, op_graph_and_drops
 from filters.sandbox.resize import small_problem
-from filters.sandbox.worker import MAX_OP_GRAPH
 
 _reset_dynamo = torch._dynamo.reset
 bind_compiler()  # this module is imported by a worker before it runs any task

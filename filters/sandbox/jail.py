@@ -37,6 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from filters.sandbox import redaction
+from filters.sandbox.redaction import SECRET_NAME
+
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding filters/
 CODE_PACKAGES = ("filters", "operators", "pipeline", "outputs")  # of PROJECT_ROOT, all the jail sees
@@ -56,7 +59,6 @@ PASSED_ENV = re.compile(r"^(PATH|LD_LIBRARY_PATH|LANG|LC_\w+|CUDA_\w+|NVIDIA_\w+
 # filter refuses (`OWN_PROCESS_ONLY`: only 0, the caller, may be named), and libgomp then
 # aborts ("Thread creation failed"). The jail leaves placement to the kernel.
 THREAD_PLACEMENT = frozenset({"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"})
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 DENIED_SYSCALLS = (
     "mount", "umount2", "pivot_root", "chroot", "setns", "unshare", "ptrace", "process_vm_readv",
     "process_vm_writev", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf",
@@ -285,11 +287,9 @@ def _not_dumpable() -> None:
 
 def redact(text: str, secrets: tuple[str, ...] | None = None) -> str:
     """`text` with this process's secrets replaced, in every form filters/sandbox/redaction.py searches."""
-    from filters.sandbox import redaction
     return redaction.redact(text, secrets)
 
 
 def secret_values() -> tuple[str, ...]:
     """The values of this process's secret-looking environment variables."""
-    from filters.sandbox import redaction
     return redaction.secret_values()

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 import torch.utils._pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+MAX_OP_GRAPH = 20_000  # characters of a traced op sequence a child may send: a level-3 network has a few thousand
 LAYOUT_ONLY = frozenset({
     "view", "unsafe_view", "reshape", "expand", "expand_as", "clone", "contiguous", "detach", "alias",
     "lift_fresh_copy", "lift_fresh", "to_copy", "to", "t", "transpose", "permute", "squeeze", "unsqueeze", "flatten",

@@ -17,9 +17,9 @@ import functools
 import os
 import re
 
-from filters.sandbox.jail import SECRET_NAME
-
 REDACTED = "[redacted]"
+# What names an environment variable holding a secret: a worker's environment passes none of them.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 MIN_SECRET = 6  # shorter values (`AUTH_MODE=on`) are words, not secrets
 MIN_CORE = 6  # letters and digits a loose form needs, or it would match ordinary text
 # What may stand between two characters of a spelt-out secret: anything but letters and

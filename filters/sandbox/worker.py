@@ -38,10 +38,10 @@ import time
 
 from filters.sandbox.jail import drop_privileges
 from filters.sandbox.landlock import restrict_writes_to
+from filters.sandbox.op_graph import MAX_OP_GRAPH
 from filters.sandbox.resize import as_stored
 
 MAX_RESULT_BYTES = 1 << 20
-MAX_OP_GRAPH = 20_000  # characters of a traced op sequence: a level-3 network has a few thousand
 # Tracing on the meta device takes well under a second; a task that makes real tensors of its
 # own, or a recurrent cell unrolled over a long sequence, can take minutes: it stays untraced.
 TRACE_LIMIT_S = 20
