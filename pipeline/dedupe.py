@@ -4,8 +4,8 @@ Every task is traced in the sandbox, a batch of tasks per child (filters/sandbox
 a child per task cost more than the trace itself. Only tasks the static policy lets through
 share a child: one that holds the interpreter can replace the batch's own guard (a red team
 set `trace_batch.changed` to a function that finds no change, then steered every later silu)
-and is traced alone. A batch that failed is halved until the task it could not survive is
-alone; a batch that a task changed is finished one task per child."""
+and is traced alone. A batch that a task changed, or that failed, is finished one task per
+child."""
 from __future__ import annotations
 
 import logging
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
 TRACE_BATCH = 32  # tasks a child traces: a few seconds of work, well inside the trace's time limit
-HALVE_FAILED = True  # a failed batch is halved (False: its tasks go to a child each, as before; benchmarks)
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
@@ -68,11 +67,10 @@ def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int =
 def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[dict]:
     """What `readings` returns, from the same cache. The tasks not in the cache that pass the
     static check are traced `batch` to a child (the others, alone). What a batch leaves when
-    it runs out of time is batched again; a batch that failed (a task in it ran out of memory
-    or time, or crashed) is halved and each half traced again, so that the task it could not
-    survive is found in a few rounds and traced alone, and the rest stay in batches (one task
-    of KernelBench's used to send 165 to a child each); what a batch leaves after a task changed
-    its process is traced one task per child."""
+    it runs out of time is batched again; what it leaves after a task changed its process, or
+    all of it when it failed, is traced one task per child. (Halving a failed batch until its
+    culprit is alone measured half as fast on 2 cores: the culprit fails each half again,
+    BENCHMARKS.md.) Each round logs how far the trace is."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
     missing = [code for code, entry in found.items() if entry is None]
@@ -92,8 +90,6 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
             rest = part[done:]
             if result["passed"] and not result["metrics"].get("steered") and done:
                 queue += _chunks(rest, batch)  # out of time or room: the rest in batches again
-            elif not result["passed"] and len(rest) > 1 and HALVE_FAILED:
-                queue += _chunks(rest, (len(rest) + 1) // 2)  # one task failed it: find it by halves
             else:
                 alone += rest
         traced = sum(found[code] is not None for code in missing)
@@ -101,8 +97,8 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
             log.info("traced %d of %d tasks in %.0f s; %d left", traced, total, time.monotonic() - began,
                      total - traced - len(alone))
     if alone:
-        log.info("%d tasks traced one per child (changed its process, failed a batch of its own, or refused by "
-                 "the static check)", len(alone))
+        log.info("%d tasks traced one per child (a batch failed, or one of its tasks changed its process, or the "
+                 "grammar refuses them)", len(alone))
     for code, entry in zip(alone, readings(alone, pool, cache_dir)):
         found[code] = entry
     if total:
