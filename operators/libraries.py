@@ -12,3 +12,10 @@ class UnknownLibrary(ValueError):
 def library_name(library: str) -> str:
     """The library an op of this --library value belongs to: `transformers:llama` -> transformers."""
     return library.partition(":")[0].split(".")[0]
+
+
+def is_added(library_or_op: str) -> bool:
+    """Whether a --library value or an op name belongs to an added library (kornia, einops):
+    one a task imports, and whose ops a user names to load its rows (torch and transformers,
+    whose layers are inlined, are not)."""
+    return library_name(library_or_op) not in DEFAULT_LIBRARIES

@@ -15,6 +15,7 @@ import types
 from collections.abc import Mapping
 
 from filters.grammar import static_check
+from operators.libraries import is_added
 
 
 class UnsafeTask(ValueError):
@@ -56,4 +57,4 @@ def _library_ops_of(row) -> tuple[str, ...]:
     """The ops of an added library a row names (`kornia.filters.GaussianBlur2d`), for the
     message: never to widen the policy."""
     ops = row.get("ops") if isinstance(row, Mapping) else None
-    return tuple(op for op in (ops or ()) if isinstance(op, str) and op.split(".")[0] not in ("torch", "transformers"))
+    return tuple(op for op in (ops or ()) if isinstance(op, str) and is_added(op))

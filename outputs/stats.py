@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from filters.sandbox.checks import CHECK_STAGES
+from operators.libraries import is_added
 from operators.records import Candidate, Verdict
 from operators.roles import compute_heavy
 
@@ -30,7 +31,7 @@ def compute_stats(records: list[tuple[Candidate, Verdict]], run_info: dict, held
         "library_mix": _sorted_counts(c.data_source.split("#")[0] for c, _ in accepted),
         "op_frequency": dict(Counter(op for c, _ in accepted for op in c.ops).most_common(TOP_OPS)),
         # what a user passes to outputs.load.load_task for rows that use an added library's ops
-        "library_ops": sorted({op for c, _ in accepted for op in c.ops if op.split(".")[0] not in ("torch", "transformers")}),
+        "library_ops": sorted({op for c, _ in accepted for op in c.ops if is_added(op)}),
         "compute_heavy_share": share(compute_heavy(c.ops) for c, _ in accepted),
         "eval_mode_only": sum(_above_one(v.metrics.get("train_mode_share")) for _, v in accepted),
         "eager_ms_histogram": histogram([v.metrics.get("eager_ms") for _, v in accepted]),

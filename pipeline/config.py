@@ -15,7 +15,7 @@ import yaml
 from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.pool import SandboxOptions
 from pipeline.composers.llm import LLMSettings
-from operators.libraries import DEFAULT_LIBRARIES, library_name
+from operators.libraries import DEFAULT_LIBRARIES, is_added, library_name
 from pipeline.composers.template import DEFAULT_OP_COUNT_MIX, SAMPLINGS
 from pipeline.defaults import ConfigError, default_cache_dir
 
@@ -110,7 +110,7 @@ ADDED_LIBRARY_SHARE = 0.25
 
 def added_library_shares(libraries: list[str], library_mix: dict) -> dict:
     """A share for every added library the mix does not name (`--library-mix kornia=0.1` sets one)."""
-    added = sorted({library_name(library) for library in libraries} - {"torch", "transformers"})
+    added = sorted({library_name(library) for library in libraries if is_added(library)})
     left = max(0.0, 1.0 - sum(library_mix.values()))
     share = min(ADDED_LIBRARY_SHARE, left) / len(added) if added else 0.0
     return {library: round(share, 4) for library in added if library not in library_mix}

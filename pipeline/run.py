@@ -30,7 +30,7 @@ from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, Reference
                                           read_tasks)
 from operators.catalog import load_or_crawl
 from operators.records import Candidate, OpSpec, task_id
-from operators.libraries import library_name
+from operators.libraries import is_added
 from operators.task import library_ops
 from operators.usage import op_usage
 from outputs.dataset import write_dataset
@@ -336,7 +336,7 @@ def added_library_ops(cfg: RunConfig) -> frozenset[str]:
     dotted name (the static check allows exactly those, and the modules that hold them; a
     run's own tasks use its catalog's, operators.task.library_ops). torch is always allowed;
     transformers layers are inlined, so their tasks use nothing of it."""
-    added = [library for library in cfg.libraries if library_name(library) not in ("torch", "transformers")]
+    added = [library for library in cfg.libraries if is_added(library)]
     if not added:
         return frozenset()
     _, catalog = load_or_crawl(added, Path(cfg.cache_dir))
