@@ -33,6 +33,7 @@ added by the policy, unless one also names something of a tensor or a module tha
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import math
 import re
@@ -154,7 +155,7 @@ def allowlist() -> Allowlist:
     """The allowlist without library ops (built once a process: about a second)."""
     import torch.masked  # noqa: F401  (imported by name, so that its functions resolve)
 
-    modules = {name: _import(name) for name in NAMESPACES}
+    modules = {name: importlib.import_module(name) for name in NAMESPACES}
     objects: dict[int, str] = {}
 
     def allow(namespace: str, name: str, found) -> None:
@@ -163,7 +164,7 @@ def allowlist() -> Allowlist:
 
     overridable = torch.overrides.get_overridable_functions()
     dispatching = {id(function) for namespace in DISPATCHING
-                   for function in overridable.get(_import(namespace), ())}
+                   for function in overridable.get(importlib.import_module(namespace), ())}
     for namespace in NAMESPACES:  # by identity, so that an alias (torch.special.expit) is found too
         for name, found in vars(modules[namespace]).items():
             if id(found) in dispatching:
@@ -175,10 +176,8 @@ def allowlist() -> Allowlist:
         for name, found in vars(modules[namespace]).items():
             if name.endswith("_") and id(vars(modules[namespace]).get(name[:-1])) in objects:
                 allow(namespace, name, found)
-    for name, found in vars(torch.nn).items():
-        if isinstance(found, type) and issubclass(found, torch.nn.Module) and not name.startswith("Lazy") \
-                and name not in EXCLUDED_LAYERS:
-            allow("torch.nn", name, found)
+    for layer in _layers():
+        allow("torch.nn", layer.__name__, layer)
     allow("torch.nn.Transformer", "generate_square_subsequent_mask",  # a mask maker, reached through its class
           inspect.getattr_static(torch.nn.Transformer, "generate_square_subsequent_mask"))
     allow("torch.nn", "Parameter", torch.nn.Parameter)
@@ -192,16 +191,10 @@ def allowlist() -> Allowlist:
     tensor_methods = _tensor_methods(overridable)
     for name in tensor_methods:
         allow("torch.Tensor", name, inspect.getattr_static(torch.Tensor, name, None))
-    attributes = (set(tensor_methods) | set(MODULE_METHODS) | set(CONTAINER_METHODS) | _layer_attributes(objects)
+    attributes = (set(tensor_methods) | set(MODULE_METHODS) | set(CONTAINER_METHODS) | _layer_attributes()
                   | _named_tuple_fields())
     return Allowlist(objects=objects, namespaces=frozenset(NAMESPACES),
                      value_attributes=frozenset(name for name in attributes if not excluded(name)))
-
-
-def _import(name: str):
-    import importlib
-
-    return importlib.import_module(name)
 
 
 def _tensor_methods(overridable) -> list[str]:
@@ -215,41 +208,57 @@ def _tensor_methods(overridable) -> list[str]:
     return sorted(name for name in names if not name.startswith("_"))
 
 
-def _layer_attributes(objects: dict) -> set[str]:
+def _layers() -> list[type]:
+    """torch.nn's public layer classes a task may build: not the lazy ones (they change on their
+    first call), nor those EXCLUDED_LAYERS names."""
+    return [found for name, found in vars(torch.nn).items() if isinstance(found, type) and issubclass(
+        found, torch.nn.Module) and not name.startswith(("Lazy", "_")) and name not in EXCLUDED_LAYERS]
+
+
+def _layer_classes() -> set[type]:
+    """The layers and the torch.nn classes they derive from."""
+    return {base for layer in _layers() for base in layer.__mro__ if base.__module__.startswith("torch.nn")}
+
+
+@lru_cache(maxsize=1)
+def _layer_sources() -> tuple[ast.ClassDef, ...]:
+    """The source of every class `_layer_classes` holds, each of their files parsed once."""
+    by_file: dict[str, set[str]] = {}
+    for cls in _layer_classes():
+        by_file.setdefault(getattr(sys.modules.get(cls.__module__), "__file__", None) or "", set()).add(cls.__name__)
+    found = []
+    for path, names in by_file.items():
+        try:
+            tree = ast.parse(open(path, encoding="utf-8").read())
+        except (OSError, SyntaxError):
+            continue
+        found += [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name in names]
+    return tuple(found)
+
+
+def _registered(definition: ast.ClassDef):
+    """The names a class registers by `register_buffer("NAME", ...)` or `register_parameter`."""
+    for node in ast.walk(definition):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "register_buffer", "register_parameter") and node.args and isinstance(node.args[0], ast.Constant):
+            yield str(node.args[0].value)
+
+
+def _layer_attributes() -> set[str]:
     """What torch's layers keep on their instances, read from their source: `self.NAME = ...`,
     `register_buffer("NAME", ...)`, `__constants__` and the constructor's parameters."""
     names: set[str] = set()
-    layers = {cls for cls in (getattr(torch.nn, name.rsplit(".", 1)[1], None) for name in objects.values()
-                              if name.startswith("torch.nn.") and name.count(".") == 2)
-              if isinstance(cls, type) and issubclass(cls, torch.nn.Module)}
-    classes = {base for layer in layers for base in layer.__mro__ if base.__module__.startswith("torch.nn")}
-    for cls in classes:
+    for cls in _layer_classes():
         names.update(getattr(cls, "__constants__", ()))
         try:
             names.update(inspect.signature(cls.__init__).parameters)
         except (TypeError, ValueError):
             pass
-    by_file: dict[str, set[str]] = {}
-    for cls in classes:
-        by_file.setdefault(getattr(sys.modules.get(cls.__module__), "__file__", None) or "", set()).add(cls.__name__)
-    for path, class_names in by_file.items():
-        try:
-            tree = ast.parse(open(path, encoding="utf-8").read())
-        except (OSError, SyntaxError):
-            continue
-        for definition in (node for node in tree.body if isinstance(node, ast.ClassDef) and node.name in class_names):
-            names.update(_kept_on_self(definition))
+    for definition in _layer_sources():
+        names.update(node.attr for node in ast.walk(definition) if isinstance(node, ast.Attribute)
+                     and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) and node.value.id == "self")
+        names.update(_registered(definition))
     return {name for name in names if isinstance(name, str) and name.isidentifier()} - {"self", "args", "kwargs"}
-
-
-def _kept_on_self(definition: ast.ClassDef):
-    for node in ast.walk(definition):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(
-                node.value, ast.Name) and node.value.id == "self":
-            yield node.attr
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
-                "register_buffer", "register_parameter") and node.args and isinstance(node.args[0], ast.Constant):
-            yield str(node.args[0].value)
 
 
 def _named_tuple_fields() -> set[str]:
@@ -280,8 +289,6 @@ def _with_library_ops(base: Allowlist, names: frozenset[str]) -> Allowlist:
 def resolve_import(dotted: str):
     """The object an installed package holds at `dotted`, importing its modules; None if there
     is none. Used for the run's own library op names only, never for a task's names."""
-    import importlib
-
     parts = dotted.split(".")
     for end in range(len(parts), 0, -1):
         try:
@@ -351,19 +358,12 @@ def tensor_slots() -> frozenset[str]:
     `running_mean`, `in_proj_weight`, ...) and a tensor's `data`, `requires_grad` and `grad`.
     Nothing else inside a layer is a task's to set: a layer's `activation` is a global function."""
     names = {"data", "requires_grad", "grad"}
-    for path in {getattr(sys.modules.get(cls.__module__), "__file__", None) for cls in _objects_of(allowlist())
-                 if isinstance(cls, type) and issubclass(cls, torch.nn.Module)} - {None}:
-        try:
-            tree = ast.parse(open(path, encoding="utf-8").read())
-        except (OSError, SyntaxError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
-                    "register_buffer", "register_parameter") and node.args and isinstance(node.args[0], ast.Constant):
-                names.add(str(node.args[0].value))
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (
-                    getattr(node.value.func, "attr", None) or getattr(node.value.func, "id", None)) == "Parameter":
-                names.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
+    for definition in _layer_sources():
+        names.update(_registered(definition))
+        names.update(target.attr for node in ast.walk(definition) if isinstance(node, ast.Assign)
+                     and isinstance(node.value, ast.Call) and (getattr(node.value.func, "attr", None)
+                                                               or getattr(node.value.func, "id", None)) == "Parameter"
+                     for target in node.targets if isinstance(target, ast.Attribute))
     return frozenset(name for name in names if name.isidentifier() and not name.startswith("_"))
 
 
@@ -371,6 +371,5 @@ def tensor_slots() -> frozenset[str]:
 def private_internals() -> frozenset[str]:
     """The private names of nn.Module, a tensor and every layer on the allowlist: what torch's
     own code calls on a layer (`_conv_forward`), which a task's own private name may not be."""
-    layers = [cls for cls in _objects_of(allowlist()) if isinstance(cls, type) and issubclass(cls, torch.nn.Module)]
-    names = {name for kind in [torch.nn.Module(), torch.empty(0), *layers] for name in dir(kind)}
+    names = {name for kind in [torch.nn.Module(), torch.empty(0), *_layers()] for name in dir(kind)}
     return frozenset(name for name in names if name.startswith("_") and not name.startswith("__"))
