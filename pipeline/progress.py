@@ -54,7 +54,8 @@ class Progress:
                     self.kept.append(record)
             else:
                 self.rejected[reason] += 1
-            if passed and self.enough is not None and self.enough(self.kept):
+            # judged on each acceptance until it holds: past --num-samples it chooses the rows by quota
+            if passed and self.enough is not None and not self.done.is_set() and self.enough(self.kept):
                 self.done.set()
 
     def stop_when(self, enough, accepted_records: list) -> None:
