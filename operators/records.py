@@ -129,14 +129,16 @@ class Verdict:
     code: str | None = None
 
 
-def record_to_json(candidate: Candidate, verdict: Verdict) -> str:
-    return json.dumps({"candidate": asdict(candidate), "verdict": asdict(verdict)}, default=str)
+def record_to_json(candidate: Candidate, verdict: Verdict | None) -> str:
+    """One record as a JSON line; an undecided one (a composed candidate) has the verdict null."""
+    return json.dumps({"candidate": asdict(candidate), "verdict": asdict(verdict) if verdict else None}, default=str)
 
 
-def record_from_json(line: str) -> tuple[Candidate, Verdict]:
+def record_from_json(line: str) -> tuple[Candidate, Verdict | None]:
     data = json.loads(line)
     candidate = data["candidate"]
-    return Candidate(**{**candidate, "ops": tuple(candidate["ops"])}), Verdict(**data["verdict"])
+    verdict = Verdict(**data["verdict"]) if data["verdict"] is not None else None
+    return Candidate(**{**candidate, "ops": tuple(candidate["ops"])}), verdict
 
 
 # -- a task's identity ------------------------------------------------------------------

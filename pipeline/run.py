@@ -46,12 +46,13 @@ from pipeline.sampling import (NoOpsSelected, held_back, mix_gaps, rows_complete
                                top_up_candidates, written_rows)
 from pipeline.staging import (drop_near_duplicates, keep_before_endpoint_down, read_invocations, read_jsonl,
                               read_rounds, record_invocation, run_fingerprint, staging_dir)
-from pipeline.transforms import (FROM_STORE, ComposeCandidates, Decontaminate, DropDuplicates, ValidateCandidates,
-                                 WriteRecords)
+from pipeline.transforms import (FROM_STORE, TURNED_DOWN, ComposeCandidates, Decontaminate, DropDuplicates,
+                                 ValidateCandidates, WriteRecords)
 
 log = logging.getLogger("opsynth")
 MIN_YIELD = 0.1
 ROUND_PER_WORKER = 64
+FIRST_ROUND_PER_WORKER = 4
 MAX_TOP_UPS = 3  # rounds composed after --num-samples were accepted, to meet the mix (mix_tolerance)
 
 
@@ -279,10 +280,14 @@ def round_size(needed: int, accepted: int, decided: int, workers: int, remaining
     first), or the `top_up` candidates the mix lacks, at least one batch for every worker,
     never past --max-candidates. At most ROUND_PER_WORKER a worker: a long run then keeps
     its work in staging round by round, and composes a round while its pool waits for a
-    few seconds, not for minutes."""
+    few seconds, not for minutes. A run's first round is at most FIRST_ROUND_PER_WORKER a
+    worker: its first verdicts and rows come after composing that few (a first round of
+    1,024 was composed and screened for 160 s on the H200 before any worker had a task),
+    and the next round is sized by the yield it saw."""
     observed = accepted / decided if decided else 0.5
     size = math.ceil(max(needed / max(observed, MIN_YIELD), top_up) * 1.2)
-    return max(1, min(max(size, 2 * workers), ROUND_PER_WORKER * workers, remaining))
+    most = (ROUND_PER_WORKER if decided else FIRST_ROUND_PER_WORKER) * workers
+    return max(1, min(max(size, 2 * workers), most, remaining))
 
 
 def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
@@ -297,30 +302,64 @@ def _check_config(cfg: RunConfig, device: str, sandbox: SandboxOptions) -> dict:
 
 
 def _run_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], path: Path) -> int:
-    """One Beam pipeline: compose `jobs`, then decide each, knowing the `prior` candidates
-    of earlier rounds; the records land in `path`. Returns how many verdicts it found in the
-    verdict store (decided by an earlier, interrupted invocation)."""
-    cfg, llm = setup.cfg, setup.llm
+    """Compose `jobs` (or read back the round an interrupted invocation composed), then decide
+    each in one Beam pipeline, knowing the `prior` candidates of earlier rounds; the records
+    land in `path`. Returns how many verdicts it found in the verdict store (decided by an
+    earlier, interrupted invocation)."""
+    cfg = setup.cfg
+    composed = composed_round(setup, jobs, prior, composed_path(path))
     sandbox = sandbox_options(cfg, setup.device, setup.gpus, setup.workers, setup.out_dir)
     check_config = _check_config(cfg, setup.device, sandbox)
     groups = validation_groups(cfg.beam_args, len(jobs), setup.workers)
-    # The template composer takes a round as one batch (every index under the last + 1 shares
-    # one key), so that the round's candidates hold back each other's op tuples.
-    batch = 2 * llm.concurrency if llm else jobs[-1]["index"] + 1
-    compose = ComposeCandidates(cfg.composer, setup.catalog, cfg.seed, batch,
-                                op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix, sampling=cfg.sampling,
-                                usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir,
-                                drawn=frozenset(candidate.ops for candidate in prior if candidate.ops))
     validate = ValidateCandidates(sandbox, check_config, setup.workers, setup.gpus or None, verdicts_dir(cfg.cache_dir),
                                   library_ops(setup.catalog), groups)
     with round_pipeline(cfg.beam_args, groups) as pipeline:
-        records = (pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> compose
+        records = (pipeline | "Composed" >> beam.Create(composed)
                    | "Dedupe" >> DropDuplicates(frozenset(c.id for c in prior)) | "Validate" >> validate)
         if setup.reference:
             records = records | "Decontaminate" >> Decontaminate(setup.reference.fingerprints, cfg.similarity_threshold)
         records | "Write" >> WriteRecords(str(path))
     drop_write_leftovers(path)
+    composed_path(path).unlink(missing_ok=True)  # the round's records hold its candidates now
     return counted(pipeline, f"validate.{FROM_STORE}")
+
+
+def composed_path(round_path: Path) -> Path:
+    """Where a round's composed candidates wait for their verdicts, beside the round's records."""
+    return round_path.with_name("composed-" + round_path.name.removeprefix("round-"))
+
+
+def composed_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], path: Path) -> list:
+    """The round's composed records, (Candidate, None) or a composition's reject: composed
+    by a Beam pipeline of their own and kept in `path` (written whole or not at all) until
+    the round is decided, so that an invocation interrupted while validating resumes with
+    its first verdict, not by composing and screening the round again (150 s a round of
+    1,024 on the H200)."""
+    if path.exists():
+        composed = read_jsonl(path)
+        log.info("round composed by an earlier invocation: %d candidates read back", len(composed))
+        return composed
+    for stale in path.parent.glob("composed-*.jsonl"):  # a round planned otherwise (its plan's input changed)
+        stale.unlink()
+    cfg, llm = setup.cfg, setup.llm
+    # The template composer takes a round as one batch (every index under the last + 1 shares
+    # one key), so that the round's candidates hold back each other's op tuples.
+    batch = 2 * llm.concurrency if llm else jobs[-1]["index"] + 1
+    reference = setup.reference.fingerprints if setup.reference else ()
+    compose = ComposeCandidates(cfg.composer, setup.catalog, cfg.seed, batch,
+                                op_count_mix=cfg.op_count_mix, library_mix=cfg.library_mix, sampling=cfg.sampling,
+                                usage=setup.usage, llm_settings=llm, cache_dir=cfg.cache_dir,
+                                drawn=frozenset(candidate.ops for candidate in prior if candidate.ops),
+                                reference=reference, similarity_threshold=cfg.similarity_threshold)
+    began = time.monotonic()
+    with round_pipeline(cfg.beam_args, 1) as pipeline:
+        pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> compose | "Write" >> WriteRecords(str(path))
+    drop_write_leftovers(path)
+    composed = read_jsonl(path)
+    turned_down = counted(pipeline, f"{TURNED_DOWN}.kernelbench_similar")
+    log.info("composed %d candidates in %.0f s%s", sum(v is None for _, v in composed), time.monotonic() - began,
+             f" ({turned_down} chains too close to the reference drawn again)" if turned_down else "")
+    return composed
 
 
 def drop_write_leftovers(path: Path) -> None:

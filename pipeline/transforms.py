@@ -12,6 +12,7 @@ sends all of a ParDo's outputs down one path and loses what `finish_bundle` emit
 """
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import as_completed
 from dataclasses import replace
 
@@ -33,10 +34,11 @@ Record = tuple[Candidate, Verdict | None]
 
 
 FROM_STORE = "from_store"  # verdicts a validation found in the verdict store
+TURNED_DOWN = "turned_down"  # chains a composer's screens turned down (and drew again), by screen
 
 
-def count(stage: str, outcome: str) -> None:
-    Metrics.counter(NAMESPACE, f"{stage}.{outcome}").inc()
+def count(stage: str, outcome: str, times: int = 1) -> None:
+    Metrics.counter(NAMESPACE, f"{stage}.{outcome}").inc(times)
 
 
 def index_of(candidate: Candidate) -> int:
@@ -81,6 +83,9 @@ class _ComposeFn(beam.DoFn):
             else:
                 count("compose", "composed")
                 yield result, None
+        for screen, turned_down in getattr(self.composer, "turned_down", Counter()).items():
+            count(TURNED_DOWN, screen, turned_down)
+        self.composer.turned_down = Counter()
 
 
 class DropDuplicates(beam.PTransform):

@@ -1,7 +1,9 @@
 """`opsynth run` as a user runs it, then every accepted task checked again on its own."""
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,7 @@ import pytest
 from filters.sandbox.pool import WORKER_ENV
 from operators.usage import op_usage
 from pipeline.composers.template import TemplateComposer
+from tests.conftest import interruptible
 from tests.disguise import disguise
 
 STANDALONE_CHECK = textwrap.dedent("""
@@ -42,14 +45,20 @@ COPIED = range(3)  # the reference holds disguised copies of these candidates of
 
 
 @pytest.fixture(scope="module")
-def reference_dir(tmp_path_factory, torch_catalog):
+def copied(torch_catalog):
+    """The first candidates this run would compose, were they not in its reference."""
+    names = [spec.name for spec in torch_catalog[0]]
+    composer = TemplateComposer(torch_catalog[0], usage=op_usage(names, ["torch", "transformers"]))  # as the run draws
+    return [composer.compose(index, 1) for index in COPIED]
+
+
+@pytest.fixture(scope="module")
+def reference_dir(tmp_path_factory, copied):
     """Our fixture benchmark plus disguised copies of the first candidates this run composes."""
     folder = tmp_path_factory.mktemp("reference")
     shutil.copytree(Path(__file__).parent / "fixtures" / "reference", folder, dirs_exist_ok=True)
-    names = [spec.name for spec in torch_catalog[0]]
-    composer = TemplateComposer(torch_catalog[0], usage=op_usage(names, ["torch", "transformers"]))  # as the run draws
-    for index in COPIED:
-        (folder / "level2" / f"copy_{index}.py").write_text(disguise(composer.compose(index, 1).code))
+    for index, candidate in zip(COPIED, copied):
+        (folder / "level2" / f"copy_{index}.py").write_text(disguise(candidate.code))
     return folder
 
 
@@ -104,13 +113,18 @@ def test_run_writes_the_design_layout_and_loads_with_datasets(run_dir):
     assert (out / "README.md").read_text().startswith("---\n")
 
 
-def test_copies_of_reference_tasks_never_reach_the_dataset(run_dir):
-    out, _, _ = run_dir
+def test_copies_of_reference_tasks_never_reach_the_dataset(run_dir, copied):
+    """The composer's reference screen draws the copied chains again before any worker
+    proves them; whatever got past it, decontamination rejects."""
+    out, _, log = run_dir
     index_of = lambda row: json.loads(row["provenance"])["index"]
-    accepted = {index_of(row) for row in pq.read_table(out / "data").to_pylist()}
+    rows = pq.read_table(out / "data").to_pylist()
+    assert {row["id"] for row in rows}.isdisjoint(candidate.id for candidate in copied)
+    assert all(row["kernelbench_max_similarity"] <= 0.9 for row in rows)
+    assert re.search(r"composed \d+ candidates in \d+ s \(\d+ chains too close to the reference drawn again\)", log)
     similar = {index_of(row) for row in pq.read_table(out / "rejects").to_pylist()
                if row["reason"] == "kernelbench_similar"}
-    assert accepted.isdisjoint(COPIED) and similar <= set(COPIED)
+    assert similar <= set(COPIED)
     stats = json.loads((out / "stats.json").read_text())
     assert stats["decontaminated"] and stats["reference_revision"]
     assert "Decontaminated against" in (out / "README.md").read_text()
@@ -141,6 +155,32 @@ def test_the_same_command_again_resumes_without_new_work(run_dir):
     assert stats["invocations"] == len(ledger) == 2 and stats["wall_time_s"] > max(e["wall_time_s"] for e in ledger.values())
     assert stats["wall_time_s"] == pytest.approx(sum(e["wall_time_s"] for e in ledger.values()), abs=0.2)
     assert stats["accepted_per_hour"] == round((stats["accepted"] + stats["held_back"]) / stats["wall_time_s"] * 3600)
+
+
+def test_a_run_interrupted_while_validating_resumes_with_the_round_it_composed(tmp_path, cache_dir, run_dir):
+    """Ctrl-C once a round is composed, as its validation starts: the same command reads the
+    round back and composes nothing again (on the H200 that cost 150 s every resumed call)."""
+    _, _, _ = run_dir  # its crawl is in the cache
+    out, config = tmp_path / "out", tmp_path / "run.yaml"
+    config.write_text('libraries: [torch, "transformers:llama,bert"]\nlibrary_mix: {transformers: 0.25}\n')
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--num-samples", "1", "--max-candidates", "3",
+               "--out", str(out), "--cache-dir", str(cache_dir), "--workers", "1", "--seed", "2", "--config", str(config)]
+    composed = re.compile(r"composed \d+ candidates in")
+    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+    for line in run.stderr:
+        if composed.search(line):
+            break
+    run.send_signal(signal.SIGINT)
+    err = run.stderr.read()
+    assert run.wait(timeout=120) == 130, err[-2000:]
+    staging = out / ".staging"
+    assert len(list(staging.glob("composed-*.jsonl"))) == 1 and not list(staging.glob("round-*.jsonl"))
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "round composed by an earlier invocation: 3 candidates read back" in again.stderr
+    assert not composed.search(again.stderr)
+    assert not list(staging.glob("composed-*.jsonl")) and len(list(staging.glob("round-*.jsonl"))) == 1
 
 
 def test_the_finished_run_publishes_as_a_version_that_loads_back(run_dir, tmp_path):

@@ -148,7 +148,8 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
     return read(code, untrusted, checks).graph
 
 
-def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, own_sizes: bool = False) -> Reading:
+def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, own_sizes: bool = False,
+         small_only: bool = False) -> Reading:
     """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit.
@@ -165,11 +166,13 @@ def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, 
     device shows the same ops (KernelBench at its full sizes took 115 s, not 39, and 4 of
     200 tasks ran past the worker's 20 s), and one the policy allows is spelled on meta
     where no reading on real tensors runs. Such a reading that left ops unspelled is
-    `partial`; `own_sizes` reads a task at its own sizes alone."""
+    `partial`; `own_sizes` reads a task at its own sizes alone, `small_only` never reads it
+    there on real tensors (the composer's reference screen: a full-size task on one CPU
+    thread can take seconds)."""
     checks = checks or ChecksDevice()
     graph = None
     try:
-        smaller = [code] if own_sizes else dict.fromkeys([*small_problem(code), code])
+        smaller = [code] if own_sizes else dict.fromkeys([*small_problem(code), *([] if small_only else [code])])
     except Exception:  # code that does not parse: nothing to trace
         return Reading(None)
     for small in smaller:

@@ -20,7 +20,14 @@ size they find most of them in tens of ms. A chain that fails here might pass at
 on the GPU: the screen only redraws, it is no verdict, and every emitted task still passes
 every check in the sandbox.
 
-Both are pure functions of the chain: the weights and inputs are seeded, so composition
+The reference screen (`ReferenceScreen`) turns down a chain too close to a task of the run's
+reference benchmark (KernelBench) by decontamination's own score: its text, and its op
+sequence traced here at its small problem (filters/sandbox/harness.py, read). On the H200,
+16% of the ops6k recipe's candidates were rejected `kernelbench_similar` only after a
+worker had proved every other check on them (issue 48). Decontamination still decides, on
+the sandbox's trace at the accepted size on the checks' device.
+
+All are pure functions of the chain: the weights and inputs are seeded, so composition
 stays a pure function of (run seed, index, earlier rounds). The code they run is our own
 rendering of crawled ops (operators/task.py), never a candidate's code.
 """
@@ -35,6 +42,9 @@ import torch
 from filters.sandbox.checks import AT_THE_CHOSEN_SIZE, EXECUTES, TaskUnderTest
 from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.execution import GpuGate, Reject
+from filters.sandbox.harness import read
+from filters.similarity.decontaminate import SimilarityIndex
+from filters.similarity.score import fingerprint
 from filters.sandbox.resize import small_problem
 from operators.layouts import Layout
 from operators.task import BoundOp, render_task
@@ -199,3 +209,28 @@ def _precision_fault(out32: torch.Tensor, out64: torch.Tensor) -> str | None:
 def _worst_share(value: torch.Tensor, reference: torch.Tensor) -> float:
     allowed = ATOL + RTOL * reference.abs()
     return ((value - reference).abs() / allowed).max().item() if reference.numel() else 0.0
+
+
+class ReferenceScreen:
+    """Why a task is too close to the reference, or None: the decontamination's score against
+    every reference fingerprint, by the task's text first (no run), then with its op sequence
+    traced here as a trusted task (the trace's values drawn from a fixed seed, so that
+    composition stays a pure function of the chain)."""
+
+    def __init__(self, reference, threshold: float):
+        self.index, self.threshold = SimilarityIndex(list(reference)), threshold
+
+    def fault(self, code: str) -> str | None:
+        match = self.index.match(fingerprint(code, "candidate"), self.threshold)
+        if not match.too_close(self.threshold) and self.index.graphs:
+            with warnings.catch_warnings(), _one_thread(), torch.random.fork_rng(devices=[]):
+                warnings.simplefilter("ignore")
+                try:
+                    graph = read(code, untrusted=False, small_only=True).graph
+                except Exception:  # untraced here: decontamination decides on the sandbox's trace
+                    graph = None
+            if graph:
+                match = self.index.match(fingerprint(code, "candidate", graph), self.threshold)
+        if match.too_close(self.threshold):
+            return f"kernelbench_similar: {match.similarity:.3f} similar to {match.nearest}"
+        return None

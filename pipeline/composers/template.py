@@ -49,7 +49,7 @@ from operators.records import Candidate, OpSpec, Verdict, task_id
 from operators.roles import (ANCHOR, EPILOGUE, LAYOUT, NORMALISATION, REAL, REDUCTION, discontinuous, domain_of,
                              feeds, numerically_sensitive, role_of)
 from operators.task import BoundOp, bind, chain_output, render_task
-from pipeline.composers.screen import checks_fault, screen
+from pipeline.composers.screen import ReferenceScreen, checks_fault, screen
 
 # CUDA-Agent-Ops-6K's op-count mix (share of tasks fusing 1..5 ops).
 DEFAULT_OP_COUNT_MIX = {1: 0.034, 2: 0.838, 3: 0.076, 4: 0.028, 5: 0.012}
@@ -86,15 +86,18 @@ class TemplateComposer:
                  library_mix: dict[str, float] | None = None, sampling: str = "layers",
                  usage: dict[str, int] | None = None, drawn: frozenset[tuple[str, ...]] = frozenset(),
                  numeric_screen: bool = True, checks_screen: bool = True, screen_workers: int | None = None,
-                 screen_pool_from: int = SCREEN_POOL_FROM):
+                 screen_pool_from: int = SCREEN_POOL_FROM, reference: tuple = (), similarity_threshold: float = 0.9):
         """`usage`: calls of each op in real model code (operators/usage.py); none: all equal.
         `numeric_screen`: run each drawn chain once on the CPU and redraw one whose output the
         sandbox would reject as non-finite, huge or unstable; `checks_screen`: also run the
         sandbox's value checks on it there, and redraw one they reject (off: only to measure
         them). `screen_workers` processes (None: one per core) screen ahead for a
-        `compose_many` of `screen_pool_from` jobs or more (`_screen_ahead`)."""
+        `compose_many` of `screen_pool_from` jobs or more (`_screen_ahead`). `reference`: the
+        run's reference fingerprints (traced); a chain more than `similarity_threshold` similar
+        to one of them is redrawn (the reference screen)."""
         self.arguments = dict(catalog=catalog, op_count_mix=op_count_mix, library_mix=library_mix, sampling=sampling,
-                              usage=usage, drawn=drawn, numeric_screen=numeric_screen, checks_screen=checks_screen)
+                              usage=usage, drawn=drawn, numeric_screen=numeric_screen, checks_screen=checks_screen,
+                              reference=reference, similarity_threshold=similarity_threshold)
         self.screen_workers = screen_workers or os.cpu_count() or 1
         self.screen_pool_from = screen_pool_from
         if not catalog:
@@ -114,15 +117,18 @@ class TemplateComposer:
             self.by_role.setdefault(role_of(spec.name), []).append(spec)
         self.coverage_orders: dict[int, list[OpSpec]] = {}  # run seed -> its permutation of the catalog
         self.numeric_screen, self.checks_screen = numeric_screen, checks_screen
+        self.reference = ReferenceScreen(reference, similarity_threshold) if reference else None
         self.screened: dict[bytes, str | None] = {}  # a chain's code (its hash) -> the screen's verdict
         self.screens_run = 0  # chains this process screened (the rest came from `_screen_ahead`)
+        self.turned_down: Counter = Counter()  # chains the screens turned down, by screen (its fault's first word)
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list:
         """Each job becomes a Candidate, or (placeholder, Verdict) when no chain fits. Jobs
         are composed in order, and each holds back the op tuples the ones before it drew as
         well as earlier rounds' (`drawn`): a run composes a round in one call, so the round's
         candidates do not repeat each other."""
-        if (self.numeric_screen or self.checks_screen) and self.screen_workers > 1 and len(jobs) >= self.screen_pool_from:
+        screens = self.numeric_screen or self.checks_screen or self.reference
+        if screens and self.screen_workers > 1 and len(jobs) >= self.screen_pool_from:
             self._screen_ahead(jobs, run_seed)
         results = []
         drawn = set(self.drawn)
@@ -183,20 +189,23 @@ class TemplateComposer:
 
     def _screened_out(self, built, faults: list[str]) -> bool:
         """Run the screens (pipeline/composers/screen.py) on a drawn chain: the numeric screen
-        where it holds a numerically sensitive op (operators/roles.py), then the checks screen;
-        a fault is noted in `faults`. The verdict is cached by the chain's code, which decides it."""
+        where it holds a numerically sensitive op (operators/roles.py), then the checks screen,
+        then the reference screen; a fault is noted in `faults`. The verdict is cached by the
+        chain's code, which decides it."""
         chain, layout = built
-        if not self.numeric_screen and not self.checks_screen:
+        if not self.numeric_screen and not self.checks_screen and not self.reference:
             return False
         code = render_task(chain, layout, layout.sizes)
         key = hashlib.sha256(code.encode()).digest()
         if key not in self.screened:
             sensitive = self.numeric_screen and any(numerically_sensitive(bound.spec.name) for bound in chain)
             fault = screen(chain, layout) if sensitive else None
-            self.screened[key] = fault or (checks_fault(code) if self.checks_screen else None)
+            fault = fault or (checks_fault(code) if self.checks_screen else None)
+            self.screened[key] = fault or (self.reference.fault(code) if self.reference else None)
             self.screens_run += 1
         if self.screened[key]:
             faults.append(f"{' + '.join(bound.spec.name for bound in chain)}: {self.screened[key]}")
+            self.turned_down[self.screened[key].split(":")[0].split("/")[0]] += 1
         return bool(self.screened[key])
 
     def _candidate(self, chain: list[BoundOp], layout, index: int, run_seed: int) -> Candidate:

@@ -170,13 +170,15 @@ def test_ctrl_c_during_a_crawl_ends_with_one_line_and_no_catalog(tmp_path):
 
 
 def test_a_round_asks_for_what_the_yield_needs_within_its_bounds():
-    from pipeline.run import ROUND_PER_WORKER, round_size
+    from pipeline.run import FIRST_ROUND_PER_WORKER, ROUND_PER_WORKER, round_size
 
-    assert round_size(10, 0, 0, 2, 1000) == 24  # 50% guessed: 10 / 0.5 * 1.2
+    assert round_size(10, 0, 0, 8, 1000) == 24  # 50% guessed: 10 / 0.5 * 1.2
     assert round_size(10, 30, 100, 2, 1000) == 40  # 30% seen
     assert round_size(1, 99, 100, 4, 1000) == 8  # one batch for every worker at least
-    assert round_size(6000, 0, 0, 8, 20000) == ROUND_PER_WORKER * 8  # a big run goes round by round
-    assert round_size(6000, 0, 0, 8, 100) == 100  # never past --max-candidates
+    # a big run's first round is small (its first verdicts come soon), the next ones large
+    assert round_size(6000, 0, 0, 8, 20000) == FIRST_ROUND_PER_WORKER * 8
+    assert round_size(6000, 20, 32, 8, 20000) == ROUND_PER_WORKER * 8
+    assert round_size(6000, 0, 0, 8, 100) == 32 and round_size(6000, 20, 32, 8, 100) == 100  # never past --max-candidates
 
 
 def test_beams_traceback_of_an_interrupt_or_a_full_disk_is_not_shown():

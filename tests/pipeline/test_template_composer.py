@@ -352,3 +352,34 @@ def test_a_round_composed_in_one_call_holds_back_its_own_tuples(torch_catalog):
     assert len(set(alone)) < 8 and len(set(together)) == 8  # Linear > ReLU thrice alone, once together
     assert together[0] == alone[0]
     assert together == [c.ops for c in composer.compose_many([{"index": i} for i in range(8)], 0)]  # pure
+
+
+def _traced_fingerprint(code: str, name: str):
+    from filters.sandbox.harness import read
+    from filters.similarity.score import fingerprint
+    return fingerprint(code, name, read(code, untrusted=False).graph)
+
+
+def test_the_reference_screen_draws_again_a_chain_too_close_to_the_reference_and_only_such_a_chain(torch_catalog):
+    """A disguised copy of what candidate 0 would be is in the reference: the composer draws
+    candidate 0 again, as something decontamination passes; a candidate whose chain was not
+    too close is composed exactly as without the screen; and composing stays a pure function."""
+    from filters.similarity.decontaminate import SimilarityIndex
+    from tests.disguise import disguise
+
+    catalog = torch_catalog[0]
+    plain = TemplateComposer(catalog, screen_workers=1)
+    unscreened = [plain.compose(index, 1) for index in range(4)]
+    reference = (_traced_fingerprint(disguise(unscreened[0].code), "level2/copy_0.py"),)
+    index = SimilarityIndex(list(reference))
+    assert index.match(_traced_fingerprint(unscreened[0].code, "c0"), 0.9).too_close(0.9)
+
+    screened = TemplateComposer(catalog, screen_workers=1, reference=reference, similarity_threshold=0.9)
+    composed = [screened.compose(index, 1) for index in range(4)]
+    assert composed[0].id != unscreened[0].id and screened.turned_down["kernelbench_similar"] >= 1
+    for before, after in zip(unscreened, composed):
+        if before.id != after.id:  # drawn again only where the chain was too close
+            assert index.match(_traced_fingerprint(before.code, "before"), 0.9).too_close(0.9)
+        assert not index.match(_traced_fingerprint(after.code, "after"), 0.9).too_close(0.9)
+    again = TemplateComposer(catalog, screen_workers=1, reference=reference, similarity_threshold=0.9)
+    assert [again.compose(index, 1).id for index in range(4)] == [c.id for c in composed]
