@@ -16,7 +16,7 @@ from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderT
 from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, first_inputs, load_task, release,
                                       timed)
 from filters.sandbox.gpu_memory import GpuMemoryBusy
-from filters.sandbox.op_graph import MAX_OP_GRAPH, op_graph, op_graph_and_drops
+from filters.computation.graph import MAX_OP_GRAPH, op_graph, op_graph_and_drops
 from filters.sandbox.resize import small_problem
 
 _reset_dynamo = torch._dynamo.reset
@@ -149,7 +149,7 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
 
 
 def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, own_sizes: bool = False) -> Reading:
-    """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
+    """What the task computes (filters/computation/) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit.
 

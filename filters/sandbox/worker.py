@@ -134,7 +134,7 @@ def accepted(metrics: dict) -> dict:
 
 
 def _max_op_graph() -> int:
-    from filters.sandbox.op_graph import MAX_OP_GRAPH  # here, not at the top: op_graph imports torch
+    from filters.computation.graph import MAX_OP_GRAPH  # here, not at the top: graph imports torch
     return MAX_OP_GRAPH
 
 

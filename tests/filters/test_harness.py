@@ -427,7 +427,7 @@ def test_a_layer_added_to_a_large_offset_and_taken_off_again_is_not_hidden(offse
     """Values are compared at their own magnitude: at 4,000, 4 an element apart is equal, and
     a red team's layer (0.5 an element) added to an offset and taken off again was read as
     the offset alone, `add` (round 4). A value taken for an earlier one must return the same
-    outputs put in its place (`op_graph._aliases_hold`); this one does not, at any size."""
+    outputs put in its place (`graph._aliases_hold`, filters/computation/graph.py); this one does not, at any size."""
     body = f"t = x + {offset}\ny = t + torch.relu(self.linear(x)) * 0.25\nreturn y - ({offset})"
     task = make_task(body, init="self.linear = nn.Linear(features, features)", inputs="[torch.randn(batch_size, features)]")
     graph = harness.trace(task)
@@ -464,7 +464,7 @@ def test_a_task_whose_values_dropped_an_op_and_whose_own_sizes_cannot_be_traced_
 def test_a_trace_whose_values_drop_nothing_stays_at_the_small_problem():
     """The fallback to the task's own sizes costs seconds of CPU a task: only a trace whose
     values dropped an op takes it (7 of 100 accepted rows of the H200 run)."""
-    from filters.sandbox.op_graph import op_graph_and_drops
+    from filters.computation.graph import op_graph_and_drops
 
     honest = make_task("return torch.relu(self.linear(x)) * 2.0", init="self.linear = nn.Linear(features, features)")
     small, _ = small_problem(honest)

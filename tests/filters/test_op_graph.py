@@ -1,4 +1,4 @@
-"""What a task computes, read the same however it is written (filters/sandbox/op_graph.py).
+"""What a task computes, read the same however it is written (filters/computation/).
 Our own small modules, recorded in this process: on real CPU tensors (values: what a run of
 ops computes is compared with what came before it) and on the meta device (spelling only)."""
 import math
@@ -12,9 +12,10 @@ import torch.nn.functional as F
 
 from filters.sandbox.harness import trace
 from filters.sandbox.resize import small_problem
-from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, GROUP_COUNTS_TRIED, OVERLAP_SEARCH_NODES, TraceTooLong,
-                                     UntracedAliasing, ValuesThroughPython, _apart, _apart_values, _dim_tests,
-                                     _matmul_shape, _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
+from filters.computation.graph import ValuesThroughPython, op_graph, op_graph_and_drops
+from filters.computation.memory import OVERLAP_SEARCH_NODES, UntracedAliasing, _offsets_meet, _overlap
+from filters.computation.recognise import GROUP_COUNTS_TRIED, TraceTooLong, _dim_tests, _matmul_shape
+from filters.computation.values import ELEMENT_TOLERANCE, _apart, _apart_values, close
 from filters.grammar import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
