@@ -1,5 +1,5 @@
 """What a task computes, whatever its spelling: the canonical ATen op sequence of one forward
-call (`graph.op_graph`). The checks trace it in the sandbox (filters/sandbox/harness.py) and
+call (`graph.op_graph`). The checks trace it in the sandbox (filters/checks/harness.py) and
 decontamination compares it (filters/similarity/); nothing here runs a task's code of its own
 accord, loads a task or imports the sandbox: it is given a built model and its inputs.
 

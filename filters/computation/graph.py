@@ -70,7 +70,7 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
     composite the sequence names. A value can depend on the sizes (`x * (x.shape[1] - 16)`
     is zero at a width of 16; a layer scaled by `1e-6 ** (16 / width)` vanishes inside a
     composite): a sequence read at smaller sizes than the task's own stands only where it
-    leaves nothing unspelled (filters/sandbox/harness.py).
+    leaves nothing unspelled (filters/checks/harness.py).
 
     Read on `generic` inputs, after `spread(model)` gives constant weights a spread, where
     that reading leaves unspelled no op, by position, that its own values spell: a gate of

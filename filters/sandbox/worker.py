@@ -38,7 +38,7 @@ import time
 
 from filters.sandbox.jail import drop_privileges
 from filters.sandbox.landlock import restrict_writes_to
-from filters.sandbox.resize import as_stored
+from filters.checks.measure.resize import as_stored
 
 MAX_RESULT_BYTES = 1 << 20
 # Tracing on the meta device takes well under a second; a task that makes real tensors of its
@@ -150,7 +150,7 @@ def serve(job_fd: int, result_fd: int, options: dict) -> None:
     same uid: each job ends with a check that none changed (a write, a rename or a chmod
     changes a file's ctime, which no process can set). If one did, the job's result is
     sent and the worker retires: no later job reads what a task left."""
-    from filters.sandbox.harness import REASONS
+    from filters.checks.harness import REASONS
     kept = _snapshot(ZYGOTE_DIR)
     while (job := receive(job_fd)) is not None:
         outcome = run_job(job, options, REASONS)
@@ -217,7 +217,7 @@ def gpu_memory_ran_out(outcome: dict, options: dict, config: dict) -> bool:
         return False  # a host memory limit, a crash or a timeout is the task's own; one retry at most
     if not (options.get("device", "cpu").startswith("cuda") and options.get("gpu_memory_gb")):
         return False
-    from filters.sandbox.execution import gpu_allocation_failed
+    from filters.checks.measure.execution import gpu_allocation_failed
     return outcome["reason"] == "out_of_memory" or (outcome["reason"] == "eager_error"
                                                     and gpu_allocation_failed(outcome["detail"]))
 
@@ -240,11 +240,11 @@ def confirm(outcome: dict, config: dict) -> dict:
     code. A child may reject itself (that costs no one but its own job) but never accept
     itself: its "accepted" only claims that every measure was taken. The zygote checks that
     each measure the enabled checks take is there with its type, applies every check's
-    thresholds (`checks.decide`), and holds the timing to its own clock. An answer that lacks
+    thresholds (filters/checks/registry.py `decide`), and holds the timing to its own clock. An answer that lacks
     a measure or claims more time than passed was not written by the checks: a forgery."""
     if not outcome["passed"]:
         return outcome
-    from filters.sandbox.checks import DEFAULTS, decide, measures
+    from filters.checks.registry import DEFAULTS, decide, measures
     cfg, metrics = {**DEFAULTS, **config}, outcome["metrics"]
     missing = sorted(name for name, kind in measures(cfg).items() if not _typed(metrics.get(name, _ABSENT), kind))
     impossible = _beyond_clock(metrics, cfg)
@@ -531,7 +531,7 @@ def _status_kb(pid: int, field: str) -> int:
 
 def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def checks() -> dict:
-        from filters.sandbox import execution
+        from filters.checks.measure import execution
         execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         return _evaluate(job, options)
     _run_in_child(checks, options, workdir, write_fd)
@@ -539,9 +539,9 @@ def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mma
 
 def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def traced() -> dict:
-        from filters.sandbox import execution
-        from filters.sandbox.checks import DEFAULTS
-        from filters.sandbox.harness import read
+        from filters.checks.measure import execution
+        from filters.checks.registry import DEFAULTS
+        from filters.checks.harness import read
         execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         sys.addaudithook(_refuse_escapes(workdir))
         cfg = {**DEFAULTS, **job["config"]}
@@ -554,7 +554,7 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wai
 def _checks_device(cfg: dict, options: dict, alone: bool):
     """Where a trace runs a task at its own sizes: as its checks ran it (harness.ChecksDevice),
     and again as the job run alone if its job's memory runs out."""
-    from filters.sandbox.harness import ChecksDevice, gpu_gate
+    from filters.checks.harness import ChecksDevice, gpu_gate
     on_gpu = cfg["device"].startswith("cuda")
     start = functools.partial(_start_cuda, {**options, "alone": alone}) if on_gpu else (lambda: None)
     return ChecksDevice(cfg["device"], cfg["seed"], gpu_gate({**cfg, "gpu_alone": alone}), start,
@@ -593,7 +593,7 @@ def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
 def _evaluate(job: dict, options: dict) -> dict:
     import torch
 
-    from filters.sandbox.harness import evaluate
+    from filters.checks.harness import evaluate
     sys.addaudithook(_refuse_escapes(tempfile.gettempdir()))
     began = time.perf_counter()
     if options.get("device", "cpu").startswith("cuda") and torch.cuda.is_available():
@@ -639,7 +639,8 @@ def count_gpu_memory(options: dict, lock: str, total: int | None, cap) -> None:
     """The job's counted GPU memory (gpu_memory.held), started, or run alone: `cap(share)`
     sets the allocator's cap where the job's memory is no longer counted."""
     global _uncounted_alone
-    from filters.sandbox import execution, gpu_memory
+    from filters.checks.measure import execution
+    from filters.sandbox import gpu_memory
     held = gpu_memory.held  # started before, in this process: what it holds stands
     if held is None:
         held = gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
@@ -662,7 +663,7 @@ def count_gpu_memory(options: dict, lock: str, total: int | None, cap) -> None:
 
 def _own_folders(workdir: str) -> None:
     """The job's folder is its TMPDIR and holds its compiler caches: nothing a later job reads."""
-    from filters.sandbox.harness import use_compiler_caches
+    from filters.checks.harness import use_compiler_caches
     os.chdir(workdir)
     os.environ.update(TMPDIR=workdir, CUDA_CACHE_PATH=os.path.join(workdir, "cuda"))
     tempfile.tempdir = workdir
@@ -747,7 +748,7 @@ def warm_for_gpu(level: str, cache_dir: str) -> str:
     Returns what it did, for the worker's ready line."""
     if level not in GPU_WARM_UPS:
         raise SystemExit(f"opsynth worker: unknown GPU warm-up {level!r} (one of {', '.join(GPU_WARM_UPS)})")
-    from filters.sandbox.harness import use_compiler_caches
+    from filters.checks.harness import use_compiler_caches
     use_compiler_caches(cache_dir)
     done = ["imports"]
     if level in ("triton", "dynamo"):
@@ -767,8 +768,8 @@ def warm_for_gpu(level: str, cache_dir: str) -> str:
 def _warm_dynamo_without_cuda() -> None:
     import torch
 
-    from filters.sandbox.execution import load_task
-    from filters.sandbox.harness import WARM_UP_TASK
+    from filters.checks.measure.execution import load_task
+    from filters.checks.harness import WARM_UP_TASK
     available = torch.cuda.is_available
     torch.cuda.is_available = lambda: False
     try:
@@ -813,7 +814,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)  # no OpenMP pool in the zygote: each child starts its own after fork
     _keep_precompiled_headers(os.path.join(ZYGOTE_DIR, "precompiled-headers"))
-    from filters.sandbox.harness import warm_up
+    from filters.checks.harness import warm_up
     warmed = "compile not requested"
     if options.get("device", "cpu").startswith("cuda"):
         # Compiling, even for the CPU, makes Dynamo ask the CUDA runtime about the GPU, and a
@@ -827,7 +828,7 @@ def main() -> None:
             warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
         except Exception as error:
             warmed = f"failed: {type(error).__name__}: {error}"
-    from filters.sandbox.harness import WARM_UP_TASK, trace
+    from filters.checks.harness import WARM_UP_TASK, trace
     trace(WARM_UP_TASK)  # tracing on the meta device touches no GPU: every child traces warm
     gc.freeze()  # no child's collections walk (and copy) what the zygote holds: 80 ms a trace job without it
     if not options.get("device", "cpu").startswith("cuda"):  # 50 s of gcc on the H200 host, for C++ kernels

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from filters.sandbox.harness import WARM_UP_TASK
+from filters.checks.harness import WARM_UP_TASK
 from filters.sandbox.pool import SandboxOptions, WorkerPool
 from pipeline.devices import gpu_share_gb, task_memory_budget_gb
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from filters.sandbox import gpu_memory
-from filters.sandbox.execution import GpuGate
+from filters.checks.measure.execution import GpuGate
 from filters.sandbox.gpu_memory import UNIT_BYTES, GpuMemory, GpuMemoryBusy, make_units
-from filters.sandbox.harness import evaluate
-from filters.sandbox.resize import as_stored
+from filters.checks.harness import evaluate
+from filters.checks.measure.resize import as_stored
 from filters.sandbox.worker import gpu_memory_ran_out
 from tests.conftest import make_task
 
@@ -261,7 +261,7 @@ def test_a_check_that_swallows_a_tasks_failures_still_lets_its_job_grow(lock, mo
     """The ablation's trace and the float64 probe take a task's failure for "no graph" or
     "no double kernel". Running out of GPU memory is neither: a red team's task got a final
     `untraceable` where its job had not grown, and a float64 probe was skipped unseen."""
-    from filters.sandbox import ablation, numerics
+    from filters.checks.measure import ablation, numerics
     x = torch.ones(2, 3)
     for step, args, expected in ((ablation.trace_on, (_OutgrowsItsJob(), [x]), "a graph"),
                                  (numerics.float64_share, (_OutgrowsItsJob().double(), [x], [x * 2], 1e-2, 1e-2), 0.0)):

@@ -6,10 +6,14 @@ import time
 import pytest
 import torch
 
-from filters.sandbox import harness
-from filters.sandbox.checks import DependsOnInput, Deterministic, NothingDead, SizeSearch, TaskUnderTest
-from filters.sandbox.execution import POLITE_S, GpuGate, build_model, forward, load_task, measure
-from filters.sandbox.resize import small_problem
+from filters.checks import harness
+from filters.checks.base import TaskUnderTest
+from filters.checks.depends_on_input import DependsOnInput
+from filters.checks.deterministic import Deterministic
+from filters.checks.nothing_dead import NothingDead
+from filters.checks.timing import SizeSearch
+from filters.checks.measure.execution import POLITE_S, GpuGate, build_model, forward, load_task, measure
+from filters.checks.measure.resize import small_problem
 from operators.sizes import in_ladders
 
 from tests.conftest import make_task
@@ -357,7 +361,7 @@ def test_a_trace_reads_the_very_weights_and_inputs_the_checks_ran_first():
     """The checks draw a task's inputs from seed + 1 (execution.load_and_run); the trace drew
     them from where the model's build left the generator, and a red team's gate on
     `x[0, 0]` was live for the checks and zero for the trace."""
-    from filters.sandbox.execution import GpuGate, load_and_run
+    from filters.checks.measure.execution import GpuGate, load_and_run
     task = make_task("return torch.relu(self.linear(x))", init="self.linear = nn.Linear(features, features)")
     for seed in (0, 7):
         _, checked_model, checked_inputs, _ = load_and_run(task, {"seed": seed}, torch.device("cpu"), GpuGate(None))
@@ -564,7 +568,7 @@ def test_a_data_dependent_op_does_not_hide_a_branch_on_the_batch_from_the_trace(
 def test_a_cpu_build_draws_the_values_torch_manual_seed_gave_it():
     """execution.seed_for seeds the CPU generator alone: the same draws as before, so cached
     readings and verdicts stand."""
-    from filters.sandbox.execution import seed_for
+    from filters.checks.measure.execution import seed_for
     torch.manual_seed(11)
     expected = torch.randn(5)
     torch.manual_seed(0)
@@ -588,7 +592,7 @@ def test_where_the_precise_measure_moves_the_size_the_checks_between_run_again_t
     """A quick measure beside other workers can read slow: where the precise measure sends
     the search on from the size the quick ones chose (out of the window, or far from the
     target), every check between runs again at the size the row keeps."""
-    from filters.sandbox.checks import CHECKS, TimedAlone
+    from filters.checks.order import CHECKS, TimedAlone
     code = make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 64\nfeatures = 64")
     t = TaskUnderTest(code, {**harness.DEFAULTS, **FAST}, torch.device("cpu"), GpuGate(None))
     before_precise = [check for check in CHECKS if not isinstance(check, TimedAlone)][:-1]

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from filters.sandbox.harness import trace
-from filters.sandbox.resize import small_problem
+from filters.checks.harness import trace
+from filters.checks.measure.resize import small_problem
 from filters.computation.graph import ValuesThroughPython, op_graph, op_graph_and_drops
 from filters.computation.memory import OVERLAP_SEARCH_NODES, UntracedAliasing, _offsets_meet, _overlap
 from filters.computation.recognise import GROUP_COUNTS_TRIED, TraceTooLong, _dim_tests, _matmul_shape
@@ -793,7 +793,7 @@ batch_size = 8
 
 
 def _outputs(code: str) -> torch.Tensor:
-    from filters.sandbox.execution import build_model, forward, load_task, make_inputs
+    from filters.checks.measure.execution import build_model, forward, load_task, make_inputs
     task = load_task(code)  # our own task and its disguises: trusted, run here
     torch.manual_seed(1)
     inputs = make_inputs(task, torch.device("cpu"))

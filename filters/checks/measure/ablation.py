@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from filters.sandbox.execution import ran_out_of_gpu_memory
+from filters.checks.measure.execution import ran_out_of_gpu_memory
 from filters.computation.names import LAYOUT_ONLY
 
 MAX_PARAMETERS = 32  # probe at most this many parameters (the largest first)
