@@ -75,7 +75,7 @@ class SandboxOptions:
     # GPU memory the timing check's resize search gives one task (None: the task cap). Not the
     # worker's share: a verdict must not change with the number of workers.
     task_memory_budget_gb: float | None = None
-    # What a GPU worker's zygote readies before forking (worker.warm_for_gpu): "imports",
+    # What a GPU worker's zygote readies before forking (warm.warm_for_gpu): "imports",
     # "triton" (Triton's CUDA helpers built once, not by every child) or "dynamo" (and a
     # trusted Dynamo compile on the CPU, torch told there is no GPU meanwhile).
     gpu_warm_up: str = "imports"

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from filters.checks import harness
-from filters.sandbox.worker import ALONE_SHARE
+from filters.sandbox.cuda_start import ALONE_SHARE
 from filters.similarity.reference import load_reference
 
 

@@ -137,7 +137,7 @@ def test_a_gpu_zygote_warms_dynamo_without_leaving_torch_blind_to_the_gpu(tmp_pa
     script = f"""
 import torch
 real = torch.cuda.is_available
-from filters.sandbox.worker import warm_for_gpu
+from filters.sandbox.warm import warm_for_gpu
 said = warm_for_gpu("dynamo", {str(tmp_path / "cache")!r})
 assert torch.cuda.is_available is real and not torch.cuda.is_initialized()
 assert "dynamo" in said, said
@@ -147,7 +147,7 @@ print("WARMED", said)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert "WARMED imports" in done.stdout, done.stderr[-2000:]
-    refused = subprocess.run([sys.executable, "-c", "from filters.sandbox.worker import warm_for_gpu; "
+    refused = subprocess.run([sys.executable, "-c", "from filters.sandbox.warm import warm_for_gpu; "
                               f"warm_for_gpu('everything', {str(tmp_path)!r})"], capture_output=True, text=True)
     assert "unknown GPU warm-up" in refused.stderr
 
