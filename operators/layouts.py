@@ -2,7 +2,7 @@
 and the sizes real layers have.
 
 The names become module-level constants of a task (`batch_size = 128`), so re-sizing can
-scale them later (filters/sandbox/resize.py). `batch_size` always comes first.
+scale them later (filters/checks/measure/resize.py). `batch_size` always comes first.
 
 Each layout has default `sizes` (what the crawl probes ops at and what an inlined
 transformers layer's config is resolved against), and `draw_sizes` gives a candidate sizes of

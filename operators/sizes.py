@@ -1,7 +1,7 @@
 """The sizes real layers have: for each kind of size, a ladder of the values real models use.
 
 Plain data, imported by the composer's layouts (operators/layouts.py) and by the sandbox's
-re-sizing (filters/sandbox/resize.py), which may import it as it imports the floor
+re-sizing (filters/checks/measure/resize.py), which may import it as it imports the floor
 (operators/records.py): it imports nothing.
 
 Every rung is a multiple of 8 (vector loads and tensor-core tiles want them), most a power

@@ -123,7 +123,7 @@ def render_task(chain: list[BoundOp], layout: Layout, sizes: tuple[int, ...]) ->
     """The chain as a task whose inputs have `sizes`. A constructor argument, call argument or
     weight that the recipe sized from the input (`$C`, `$L`, `$W`, `$M`) names the layout's
     constant (`linear_in_features = features`), so that re-sizing a layout constant re-sizes
-    the model with it (filters/sandbox/resize.py)."""
+    the model with it (filters/checks/measure/resize.py)."""
     slugs = _unique_slugs(chain)
     dims = _DimNames(layout, sizes)
     init_constants = [

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pyarrow as pa
 from huggingface_hub import DatasetCard, DatasetCardData
 
-from filters.sandbox.checks import SANDBOX_REASONS, glossary
+from filters.checks.registry import glossary
+from filters.checks.verdicts import SANDBOX_REASONS
 from outputs.plots import COMPARISON_PREFIX
 from outputs.report import comparison_lines
 from outputs.schema import SAMPLE_COLUMNS, SAMPLE_SCHEMA
@@ -16,7 +17,7 @@ CITATION = """@misc{{opsynth_kernel_tasks,
   howpublished = {{ORG/NAME on the Hugging Face Hub}}
 }}"""
 
-# What each reject reason means: the sandbox checks' own (filters/sandbox/checks.py), and those
+# What each reject reason means: the sandbox checks' own (filters/checks/verdicts.py), and those
 # decided outside them (composition, the static check, the sandbox, the LLM, decontamination).
 REJECT_GLOSSARY = {
     "compose_failed": "no chain of the drawn length fitted together",

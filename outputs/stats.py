@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from filters.sandbox.checks import CHECK_STAGES
+from filters.checks.registry import CHECK_STAGES
 from operators.libraries import is_added
 from operators.records import Candidate, Verdict
 from operators.roles import compute_heavy

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
+from filters.checks.registry import DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.pool import SandboxOptions
 from pipeline.composers.llm import LLMSettings
 from operators.libraries import DEFAULT_LIBRARIES, is_added, library_name
@@ -64,7 +64,7 @@ class RunConfig:
     workers: int = 0
     cache_dir: str = field(default_factory=default_cache_dir)
     beam_args: list = field(default_factory=list)
-    # Any other setting of the sandbox checks (filters/sandbox/checks.py), e.g. {ablation: false}.
+    # Any other setting of the sandbox checks (filters/checks/registry.py), e.g. {ablation: false}.
     checks: dict = field(default_factory=dict)
 
     def check(self) -> "RunConfig":

@@ -24,7 +24,7 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from filters.sandbox.checks import CHECK_STAGES, DEFAULTS as CHECK_DEFAULTS
+from filters.checks.registry import CHECK_STAGES, DEFAULTS as CHECK_DEFAULTS
 from filters.sandbox.pool import SandboxOptions, shared_pool
 from filters.similarity.reference import (GRAPH_VERSION, ReferenceSet, ReferenceSetError, load_reference, read_parquet,
                                           read_tasks)

@@ -10,7 +10,7 @@ import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from filters.sandbox.checks import CHECK_STAGES, DEFAULTS
+from filters.checks.registry import CHECK_STAGES, DEFAULTS
 from filters.similarity.decontaminate import dedupe
 from filters.similarity.score import fingerprint
 from operators.catalog import cache_key

@@ -217,7 +217,7 @@ class _DecontaminateFn(beam.DoFn):
         graph = verdict.metrics.get("op_graph")  # what the validated task computes, traced in the sandbox
         if graph is None and self.index.graphs:
             # a trace that failed or ran out of time leaves the text alone to compare, and a
-            # determined task can fail its trace (filters/sandbox/harness.py, trace)
+            # determined task can fail its trace (filters/checks/harness.py, trace)
             count("decontaminate", "untraced")
             yield candidate, replace(
                 verdict, stage="decontaminate", passed=False, reason="untraced",

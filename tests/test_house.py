@@ -1,7 +1,10 @@
 """The shape of the code itself: no module of opsynth's reaches back to itself through its
 imports (a lazy import inside a function counts too), so each room can be read, tested and
 moved on its own. `harness -> worker -> trace_batch -> harness` and `jail <-> redaction` were
-the two circles; the grammar imports nothing of the sandbox."""
+the two circles; the grammar imports nothing of the sandbox. The rooms stand on floors: what a
+task computes (filters/computation/) imports no other room of filters/, the checks
+(filters/checks/) import of the jail (filters/sandbox/) only its count of GPU memory, and the
+checks' verdicts import nothing that runs a task."""
 import ast
 from pathlib import Path
 
@@ -72,3 +75,42 @@ def test_the_grammar_imports_nothing_of_the_sandbox():
     graph = _imports(_modules())
     grammar = [name for name in graph if name.startswith("filters.grammar")]
     assert grammar and not {target for name in grammar for target in graph[name] if target.startswith("filters.sandbox")}
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module of opsynth's that `start` imports, directly or through others."""
+    seen, frontier = set(), [start]
+    while frontier:
+        for target in graph[frontier.pop()]:
+            if target not in seen:
+                seen.add(target)
+                frontier.append(target)
+    return seen
+
+
+def test_what_a_task_computes_reaches_into_no_other_room():
+    graph = _imports(_modules())
+    computation = [name for name in graph if name.startswith("filters.computation")]
+    assert computation and not {target for name in computation for target in graph[name]
+                                if target.startswith("filters.") and not target.startswith("filters.computation")}
+
+
+def test_the_checks_take_of_the_jail_only_its_count_of_gpu_memory():
+    graph = _imports(_modules())
+    checks = [name for name in graph if name.startswith("filters.checks")]
+    reached = {target for name in checks for target in graph[name] if target.startswith("filters.sandbox")}
+    assert checks and reached == {"filters.sandbox", "filters.sandbox.gpu_memory"}  # the package, and the module
+
+
+def test_the_verdicts_import_nothing_that_runs_a_task():
+    """The zygote decides every verdict (worker.confirm) with code that imports neither torch
+    nor a module that loads or runs a task."""
+    graph = _imports(_modules())
+    for module in ("filters.checks.registry", "filters.checks.verdicts"):
+        assert _reached(graph, module) <= {"filters.checks.verdicts", "filters.checks"}, module
+        tree = ast.parse(_modules()[module].read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and node.module}
+        assert imported <= {"__future__", "math", "filters"}, (module, imported)

@@ -200,7 +200,7 @@ def _pause(report) -> None:
     time.sleep(random.uniform(*POLL_S))
 
 
-# The memory the job of this process holds, when its worker counts memory (worker._start_cuda
+# The memory the job of this process holds, when its worker counts memory (cuda_start._start_cuda
 # sets it before any task code runs): the process's allocator has one cap, as a job has one.
 held: GpuMemory | None = None
 

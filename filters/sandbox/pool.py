@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from filters.sandbox import gpu_memory, jail, redaction
-from filters.sandbox.resize import as_stored
+from filters.checks.measure.resize import as_stored
 from filters.sandbox.worker import MAX_DETAIL, check_result, failure, longest_job_s, receive, send
 
 POLL_S = 0.2
@@ -75,7 +75,7 @@ class SandboxOptions:
     # GPU memory the timing check's resize search gives one task (None: the task cap). Not the
     # worker's share: a verdict must not change with the number of workers.
     task_memory_budget_gb: float | None = None
-    # What a GPU worker's zygote readies before forking (worker.warm_for_gpu): "imports",
+    # What a GPU worker's zygote readies before forking (warm.warm_for_gpu): "imports",
     # "triton" (Triton's CUDA helpers built once, not by every child) or "dynamo" (and a
     # trusted Dynamo compile on the CPU, torch told there is no GPU meanwhile).
     gpu_warm_up: str = "imports"
@@ -205,7 +205,7 @@ class Worker:
             return _finish(job, failure("crashed", "the worker answered for another job; it was replaced"))
         if outcome.get("retire"):  # a job changed what the zygote keeps: no later job may see it
             self.stop()
-        from filters.sandbox.harness import REASONS
+        from filters.checks.harness import REASONS
         result = check_result({k: v for k, v in outcome.items() if k not in ("job", "retire")}, REASONS)
         if result is None:
             self.stop()
@@ -313,7 +313,7 @@ def close_shared_pools() -> None:
 def _finish(job: dict, result: dict) -> dict:
     """The result as the pipeline takes it: with the code it applies to, which is the job's
     own, re-sized here to the sizes the checks chose (`size.<name>` metrics, each checked to
-    name a size constant of the job's code and to be a sane int: filters/sandbox/resize.py
+    name a size constant of the job's code and to be a sane int: filters/checks/measure/resize.py
     `as_stored`), and every string the child sent (its detail, its metrics' names and strings) naming no
     secret of this process."""
     code = as_stored(job["code"], result["metrics"])

@@ -32,7 +32,7 @@ import time
 import torch
 import torch.nn as nn
 
-from filters.sandbox.harness import WARM_UP_TASK, read, trace
+from filters.checks.harness import WARM_UP_TASK, read, trace
 
 # A batch's answer stays well under what a worker's result may hold (worker.MAX_RESULT_BYTES).
 MAX_BATCH_CHARS = 600_000
@@ -47,8 +47,11 @@ WATCHED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.fft", "tor
 # The modules a trace runs (harness.trace): their tables are read by content as well, every
 # other module of opsynth's by identity only (reading all by content took 9 ms a task).
 OWN_PACKAGES = ("filters.", "operators.")
-TRACER_MODULES = frozenset({"filters.sandbox.op_graph", "filters.sandbox.harness", "filters.sandbox.execution",
-                            "filters.sandbox.resize", "filters.sandbox.trace_batch"})
+TRACER_MODULES = frozenset({"filters.computation.graph", "filters.computation.equivalences",
+                            "filters.computation.recognise", "filters.computation.names", "filters.computation.record",
+                            "filters.computation.memory", "filters.computation.values", "filters.checks.harness",
+                            "filters.checks.measure.execution", "filters.checks.measure.resize",
+                            "filters.sandbox.trace_batch"})
 
 
 def trace_batch(codes: list[str]) -> dict:

@@ -16,7 +16,8 @@ decontamination), under a hard time limit of its own. The zygote bounds each chi
 and memory, kills its process group and every other process left in the jail, wipes
 whatever it left in /tmp and /dev/shm, checks the result's shape (`check_result`) and sends
 it on, tagged with the job's id. No state a task can change outlives its job: every child starts
-from the zygote as it was after its warm-up.
+from the zygote as it was after its warm-up. What the zygote readies is warm.py, a child's
+start on the GPU cuda_start.py, and the removal of what a job left wipe.py.
 """
 from __future__ import annotations
 
@@ -30,15 +31,17 @@ import os
 import resource
 import select
 import signal
-import stat
 import struct
 import sys
 import tempfile
 import time
 
+from filters.sandbox.cuda_start import _start_cuda
 from filters.sandbox.jail import drop_privileges
 from filters.sandbox.landlock import restrict_writes_to
-from filters.sandbox.resize import as_stored
+from filters.sandbox.warm import _check_vector_instructions, _keep_precompiled_headers, warm_for_gpu
+from filters.sandbox.wipe import _clear, _remove_sysv_ipc
+from filters.checks.measure.resize import as_stored
 
 MAX_RESULT_BYTES = 1 << 20
 # Tracing on the meta device takes well under a second; a task that makes real tensors of its
@@ -134,7 +137,7 @@ def accepted(metrics: dict) -> dict:
 
 
 def _max_op_graph() -> int:
-    from filters.sandbox.op_graph import MAX_OP_GRAPH  # here, not at the top: op_graph imports torch
+    from filters.computation.graph import MAX_OP_GRAPH  # here, not at the top: graph imports torch
     return MAX_OP_GRAPH
 
 
@@ -150,7 +153,7 @@ def serve(job_fd: int, result_fd: int, options: dict) -> None:
     same uid: each job ends with a check that none changed (a write, a rename or a chmod
     changes a file's ctime, which no process can set). If one did, the job's result is
     sent and the worker retires: no later job reads what a task left."""
-    from filters.sandbox.harness import REASONS
+    from filters.checks.harness import REASONS
     kept = _snapshot(ZYGOTE_DIR)
     while (job := receive(job_fd)) is not None:
         outcome = run_job(job, options, REASONS)
@@ -217,7 +220,7 @@ def gpu_memory_ran_out(outcome: dict, options: dict, config: dict) -> bool:
         return False  # a host memory limit, a crash or a timeout is the task's own; one retry at most
     if not (options.get("device", "cpu").startswith("cuda") and options.get("gpu_memory_gb")):
         return False
-    from filters.sandbox.execution import gpu_allocation_failed
+    from filters.checks.measure.execution import gpu_allocation_failed
     return outcome["reason"] == "out_of_memory" or (outcome["reason"] == "eager_error"
                                                     and gpu_allocation_failed(outcome["detail"]))
 
@@ -240,11 +243,11 @@ def confirm(outcome: dict, config: dict) -> dict:
     code. A child may reject itself (that costs no one but its own job) but never accept
     itself: its "accepted" only claims that every measure was taken. The zygote checks that
     each measure the enabled checks take is there with its type, applies every check's
-    thresholds (`checks.decide`), and holds the timing to its own clock. An answer that lacks
+    thresholds (filters/checks/registry.py `decide`), and holds the timing to its own clock. An answer that lacks
     a measure or claims more time than passed was not written by the checks: a forgery."""
     if not outcome["passed"]:
         return outcome
-    from filters.sandbox.checks import DEFAULTS, decide, measures
+    from filters.checks.registry import DEFAULTS, decide, measures
     cfg, metrics = {**DEFAULTS, **config}, outcome["metrics"]
     missing = sorted(name for name, kind in measures(cfg).items() if not _typed(metrics.get(name, _ABSENT), kind))
     impossible = _beyond_clock(metrics, cfg)
@@ -415,97 +418,6 @@ def _wipe() -> None:
                          "ending this worker")
 
 
-# System V IPC objects live in the jail's IPC namespace, not in a folder: /proc/sysvipc lists
-# them, and each kind's control call removes one by its id.
-SYSV_IPC = (("shm", "shmctl"), ("sem", "semctl"), ("msg", "msgctl"))
-IPC_RMID = 0
-
-
-def _remove_sysv_ipc() -> None:
-    """Every shared memory segment, semaphore set and message queue a job left: the wipe of
-    /tmp and /dev/shm does not reach them, and a job's 2 GB of segments stayed resident for
-    every later job of the worker (a red team's, session 20). All are the jail uid's: no job
-    before this one had another."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    for kind, control in SYSV_IPC:
-        for ipc_id in _sysv_ids(kind):
-            getattr(libc, control)(ipc_id, *((0,) if kind == "sem" else ()), IPC_RMID, None)
-        if _sysv_ids(kind):
-            raise SystemExit(f"opsynth worker: a job left System V {kind} objects the wipe cannot remove; "
-                             "ending this worker")
-
-
-def _sysv_ids(kind: str) -> list[int]:
-    try:
-        with open(f"/proc/sysvipc/{kind}") as table:
-            return [int(line.split()[1]) for line in list(table)[1:] if line.strip()]
-    except OSError:  # no System V IPC in this kernel
-        return []
-
-
-def _clear(folder: str, keep: tuple[str, ...] = ()) -> list[str]:
-    """Remove everything inside `folder` but `keep` and mount points (the GPU timing locks are
-    bound in read-only) with the folders that lead to them; returns what could not be removed.
-    It walks by changing folder, one level at a time: no path grows with the depth, no
-    descriptor is held per level, nothing is followed (no task runs now: nothing moves)."""
-    left, home = [], os.open(".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.chdir(folder)
-        device = os.lstat(".").st_dev
-        trail = []  # (name, holds a mount) of each folder walked into
-        pending = [[n for n in os.listdir(".") if os.path.join(folder, n) not in keep]]
-        while pending:
-            if not pending[-1]:  # this folder is done: leave it, and remove it unless it must stay
-                pending.pop()
-                if not trail:
-                    break
-                name, holds_mount = trail.pop()
-                os.chdir("..")
-                if holds_mount:
-                    _holds_mount(trail)
-                elif not _removed(name, os.rmdir):
-                    left.append(name)
-                continue
-            name = pending[-1].pop()
-            try:
-                info = os.lstat(name)
-            except FileNotFoundError:
-                continue
-            if info.st_dev != device:  # a mount: it stays, and so do the folders to it
-                _holds_mount(trail)
-            elif stat.S_ISDIR(info.st_mode):
-                _removed(name, lambda n: os.chmod(n, stat.S_IRWXU))  # owner's rights: to list and empty it
-                try:
-                    entries = os.listdir(name)
-                    os.chdir(name)
-                except OSError:
-                    left.append(name)
-                    continue
-                trail.append((name, False))
-                pending.append(entries)
-            elif not _removed(name, os.unlink):
-                left.append(name)
-    finally:
-        os.fchdir(home)
-        os.close(home)
-    return left
-
-
-def _holds_mount(trail: list) -> None:
-    """The folder walked into last holds a mount: it stays."""
-    if trail:
-        trail[-1] = (trail[-1][0], True)
-
-
-def _removed(name: str, remove) -> bool:
-    try:
-        remove(name)
-        return True
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
 
 
 def _rss_bytes(pid: int) -> int:
@@ -531,7 +443,7 @@ def _status_kb(pid: int, field: str) -> int:
 
 def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def checks() -> dict:
-        from filters.sandbox import execution
+        from filters.checks.measure import execution
         execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         return _evaluate(job, options)
     _run_in_child(checks, options, workdir, write_fd)
@@ -539,9 +451,9 @@ def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mma
 
 def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def traced() -> dict:
-        from filters.sandbox import execution
-        from filters.sandbox.checks import DEFAULTS
-        from filters.sandbox.harness import read
+        from filters.checks.measure import execution
+        from filters.checks.registry import DEFAULTS
+        from filters.checks.harness import read
         execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
         sys.addaudithook(_refuse_escapes(workdir))
         cfg = {**DEFAULTS, **job["config"]}
@@ -554,7 +466,7 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wai
 def _checks_device(cfg: dict, options: dict, alone: bool):
     """Where a trace runs a task at its own sizes: as its checks ran it (harness.ChecksDevice),
     and again as the job run alone if its job's memory runs out."""
-    from filters.sandbox.harness import ChecksDevice, gpu_gate
+    from filters.checks.harness import ChecksDevice, gpu_gate
     on_gpu = cfg["device"].startswith("cuda")
     start = functools.partial(_start_cuda, {**options, "alone": alone}) if on_gpu else (lambda: None)
     return ChecksDevice(cfg["device"], cfg["seed"], gpu_gate({**cfg, "gpu_alone": alone}), start,
@@ -593,7 +505,7 @@ def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:
 def _evaluate(job: dict, options: dict) -> dict:
     import torch
 
-    from filters.sandbox.harness import evaluate
+    from filters.checks.harness import evaluate
     sys.addaudithook(_refuse_escapes(tempfile.gettempdir()))
     began = time.perf_counter()
     if options.get("device", "cpu").startswith("cuda") and torch.cuda.is_available():
@@ -605,64 +517,11 @@ def _evaluate(job: dict, options: dict) -> dict:
     return {**{key: result[key] for key in ("passed", "stage", "reason", "detail")}, "metrics": metrics}
 
 
-ALONE_SHARE = 0.9  # of the GPU's memory, for a job run again alone
-_uncounted_alone = False  # this process's trace ran out of its counted memory and runs alone, uncounted
-
-
-def _start_cuda(options: dict) -> None:
-    """The worker's share of the GPU's memory, the CUDA context, the caching allocator and a
-    cuBLAS handle, made before any task code runs on the GPU and outside the GPU gate: a
-    child is the first process of its job to touch the GPU, and starting CUDA is a few
-    hundred ms of driver work. Done inside the job's first gated step, it held the gate that
-    long, and every timer, and every worker behind the timer, waited for it. Trusted code,
-    in the job's own process: nothing of it outlives the job."""
-    import torch
-
-    if options.get("gpu_memory_gb"):
-        # Workers share the GPU: a job holds what it needs of the GPU's counted memory, up to
-        # the most one job may hold (gpu_memory.py), or without a count, its worker's share.
-        # A job run again alone (`retried_alone`) may grow into all the counted memory (one
-        # such job a GPU at once), or without a count, take what the GPU has free.
-        total = torch.cuda.get_device_properties(0).total_memory
-        lock = os.environ.get("OPSYNTH_TIMING_LOCK")
-        if options.get("gpu_pool_gb") and lock and not _uncounted_alone:
-            count_gpu_memory(options, lock, total, torch.cuda.set_per_process_memory_fraction)
-        else:
-            share = ALONE_SHARE if options.get("alone") else options["gpu_memory_gb"] * 2**30 / total
-            torch.cuda.set_per_process_memory_fraction(min(1.0, share))
-    a = torch.ones(8, 8, device="cuda")
-    torch.mm(a, a)
-    torch.cuda.synchronize()
-
-
-def count_gpu_memory(options: dict, lock: str, total: int | None, cap) -> None:
-    """The job's counted GPU memory (gpu_memory.held), started, or run alone: `cap(share)`
-    sets the allocator's cap where the job's memory is no longer counted."""
-    global _uncounted_alone
-    from filters.sandbox import execution, gpu_memory
-    held = gpu_memory.held  # started before, in this process: what it holds stands
-    if held is None:
-        held = gpu_memory.held = gpu_memory.GpuMemory(lock, gpu_memory.units_in(options["gpu_pool_gb"]),
-                                                      int(options["gpu_memory_gb"] * 2**30), total)
-    report = lambda: execution.report_gate_wait(held.waited_now_s)  # noqa: E731
-    if options.get("alone") and held.held and not held.alone:
-        # A trace whose counted memory ran out (harness._read_on): its own 20 s could pass
-        # waiting for the turn to run alone, so it takes the GPU uncounted, each step alone,
-        # as a job run alone did before memory was counted.
-        held.give_back()
-        gpu_memory.held, _uncounted_alone = None, True
-        cap(ALONE_SHARE)
-        return
-    if options.get("alone") and not held.alone:
-        held.run_alone(report)
-    if not held.held:
-        held.start(report)
-    execution.report_gate_wait(held.waited_s)
 
 
 def _own_folders(workdir: str) -> None:
     """The job's folder is its TMPDIR and holds its compiler caches: nothing a later job reads."""
-    from filters.sandbox.harness import use_compiler_caches
+    from filters.checks.harness import use_compiler_caches
     os.chdir(workdir)
     os.environ.update(TMPDIR=workdir, CUDA_CACHE_PATH=os.path.join(workdir, "cuda"))
     tempfile.tempdir = workdir
@@ -708,93 +567,6 @@ def _refuse_escapes(workdir: str):
 
 # -- start ---------------------------------------------------------------------------------
 
-def _check_vector_instructions() -> None:
-    """Inductor tries which vector instructions the CPU runs by loading a test build in a
-    Python subprocess, once per process. Done here, children inherit the answer and never
-    start Python (the audit hook would refuse it) on a zygote that did not compile."""
-    try:
-        from torch._inductor import cpu_vec_isa
-        cpu_vec_isa.pick_vec_isa()
-    except Exception:  # an older torch, or no compiler: the children's compiles will say so
-        pass
-
-
-def _keep_precompiled_headers(folder: str) -> None:
-    """Inductor precompiles its C++ headers once per process (about 150 MB, seconds of gcc,
-    then most of a CPU compile's time saved) into a folder it fixed at import, under the
-    temporary folder: here, a folder of the zygote's own, which `_wipe` keeps and `serve`
-    watches. The warm-up builds them; every child reuses them."""
-    from torch._inductor import codecache
-    if hasattr(codecache, "_HEADER_DIR"):
-        codecache._HEADER_DIR = folder
-        codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
-
-
-GPU_WARM_UPS = ("imports", "triton", "dynamo")
-
-
-def warm_for_gpu(level: str, cache_dir: str) -> str:
-    """What a GPU zygote readies for its children without starting CUDA, by `level`:
-    - "imports": Inductor imported, nothing run (every child compiles from cold);
-    - "triton": also Triton's CUDA driver helpers, a C module gcc builds on first use into
-      the Triton cache, which in a child is its job's own: every child built it again. Built
-      here, in this zygote's folder (watched: a job that changes it retires the worker), by
-      a process that never ran task code, and loaded once: children inherit it in memory;
-    - "dynamo": also a trusted compile of the warm-up task on the CPU through Dynamo and
-      AOTAutograd (not Inductor: its C++ build would cost this zygote the vector-instruction
-      probe), with torch told there is no GPU while it runs (Dynamo saves the CUDA RNG when
-      one is there, which starts CUDA), and every memo torch took meanwhile cleared.
-    Returns what it did, for the worker's ready line."""
-    if level not in GPU_WARM_UPS:
-        raise SystemExit(f"opsynth worker: unknown GPU warm-up {level!r} (one of {', '.join(GPU_WARM_UPS)})")
-    from filters.sandbox.harness import use_compiler_caches
-    use_compiler_caches(cache_dir)
-    done = ["imports"]
-    if level in ("triton", "dynamo"):
-        try:
-            from triton.runtime import driver
-            driver.active.utils  # noqa: B018  the helpers are built and loaded on first access
-            done.append("triton driver")
-        except Exception as error:  # no Triton, or no CUDA driver: children build what they need
-            done.append(f"no triton driver ({type(error).__name__})")
-    if level == "dynamo":
-        _warm_dynamo_without_cuda()
-        done.append("dynamo")
-    gc.freeze()  # what the imports made is no longer traversed by each child's collections
-    return " + ".join(done) + " (each job's child is the first to touch the GPU)"
-
-
-def _warm_dynamo_without_cuda() -> None:
-    import torch
-
-    from filters.sandbox.execution import load_task
-    from filters.sandbox.harness import WARM_UP_TASK
-    available = torch.cuda.is_available
-    torch.cuda.is_available = lambda: False
-    try:
-        task = load_task(WARM_UP_TASK)
-        model = task.Model(*task.get_init_inputs()).eval()
-        with torch.no_grad():
-            torch.compile(model, backend="aot_eager")(*task.get_inputs())
-    finally:
-        torch.cuda.is_available = available
-        torch._dynamo.reset()
-    _clear_memos(("torch", "triton"))
-
-
-def _clear_memos(packages: tuple[str, ...]) -> None:
-    """Empty every functools cache at module level in `packages`: nothing memoized while
-    torch was told there is no GPU reaches a child."""
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(packages):
-            continue
-        for value in list(vars(module).values()):
-            try:
-                clear = getattr(value, "cache_clear", None)
-                if callable(clear):
-                    clear()
-            except Exception:  # a lazy module's lookup, a cache_clear that wants arguments: not a memo
-                pass
 
 
 def main() -> None:
@@ -813,7 +585,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)  # no OpenMP pool in the zygote: each child starts its own after fork
     _keep_precompiled_headers(os.path.join(ZYGOTE_DIR, "precompiled-headers"))
-    from filters.sandbox.harness import warm_up
+    from filters.checks.harness import warm_up
     warmed = "compile not requested"
     if options.get("device", "cpu").startswith("cuda"):
         # Compiling, even for the CPU, makes Dynamo ask the CUDA runtime about the GPU, and a
@@ -827,7 +599,7 @@ def main() -> None:
             warmed = "passed" if result["passed"] else f"failed: {result['reason']}: {result['detail']}"
         except Exception as error:
             warmed = f"failed: {type(error).__name__}: {error}"
-    from filters.sandbox.harness import WARM_UP_TASK, trace
+    from filters.checks.harness import WARM_UP_TASK, trace
     trace(WARM_UP_TASK)  # tracing on the meta device touches no GPU: every child traces warm
     gc.freeze()  # no child's collections walk (and copy) what the zygote holds: 80 ms a trace job without it
     if not options.get("device", "cpu").startswith("cuda"):  # 50 s of gcc on the H200 host, for C++ kernels

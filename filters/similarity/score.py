@@ -2,7 +2,7 @@
 
 score(a, b) = max(textual, computed): the larger of a textual score that reads the source
 and, where both tasks were traced, a score of what they compute (`graph`: the canonical
-ATen op sequence of one forward call, filters/sandbox/op_graph.py, traced in the sandbox). A task
+ATen op sequence of one forward call, filters/computation/, traced in the sandbox). A task
 that cannot be traced keeps the textual score.
 
 computed(a, b) is the normalized Indel similarity of the two op sequences.

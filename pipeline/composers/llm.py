@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from filters.sandbox.checks import repairable
+from filters.checks.registry import repairable
 from filters.similarity.score import model_ops
 from filters.store import JsonStore
 from outputs.retry import retry_after
@@ -31,7 +31,7 @@ COMPOSE_PROMPT, REPAIR_PROMPT = "compose_v4", "repair_v2"
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 INTERFACE = ("Model", "get_inputs", "get_init_inputs")
 # Rejects a model can be asked to fix: the program broke a rule it can change (the sandbox
-# checks say which of theirs are; filters/sandbox/checks.py), did not parse or fit the request, or
+# checks say which of theirs are; filters/checks/verdicts.py), did not parse or fit the request, or
 # kept state in forward (the static check's detail says what to write instead).
 REPAIRABLE = repairable() | {"bad_interface", "missing_op", "syntax_error", "impure_forward"}
 

@@ -39,17 +39,19 @@ import warnings
 
 import torch
 
-from filters.sandbox.checks import AT_THE_CHOSEN_SIZE, EXECUTES, TaskUnderTest
-from filters.sandbox.checks import DEFAULTS as CHECK_DEFAULTS
-from filters.sandbox.execution import GpuGate, Reject
-from filters.sandbox.harness import read
+from filters.checks.base import TaskUnderTest
+from filters.checks.order import AT_THE_CHOSEN_SIZE
+from filters.checks.timing import EXECUTES
+from filters.checks.registry import DEFAULTS as CHECK_DEFAULTS
+from filters.checks.measure.execution import GpuGate, Reject
+from filters.checks.measure.resize import small_problem
+from filters.checks.harness import read
 from filters.similarity.decontaminate import SimilarityIndex
 from filters.similarity.score import fingerprint
-from filters.sandbox.resize import small_problem
 from operators.layouts import Layout
 from operators.task import BoundOp, render_task
 
-# The sandbox's own thresholds (filters/sandbox/checks.py), so that what passes here is what
+# The sandbox's own thresholds (filters/checks/registry.py), so that what passes here is what
 # its numerics check passes. The magnitude bound keeps headroom below the check's: the screen
 # draws a small batch, and the full-size task's extremes lie further out.
 MAGNITUDE_BOUND = CHECK_DEFAULTS["max_output_abs"] / 4
@@ -81,7 +83,7 @@ SCREENED_CHECKS = (EXECUTES, *(check for check in AT_THE_CHOSEN_SIZE if check.st
 
 def checks_fault(code: str) -> str | None:
     """The sandbox's value checks on a task at its small problem (a task's trace's:
-    filters/sandbox/resize.py, small_problem) as 'stage/reason: detail', or None when they
+    filters/checks/measure/resize.py, small_problem) as 'stage/reason: detail', or None when they
     pass or cannot run here. On the H200's verdicts of 512 candidates, the numeric screen's
     size (every width kept) turned down 7 tasks the GPU accepted and cost 0.4 s a candidate
     here; the small problem, 1 (BENCHMARKS.md, session 22)."""

@@ -6,7 +6,7 @@ model runs and agrees with eager mode, not how fast it runs).
         [--settings autotuned,pointwise,deterministic]
 
 Each (candidate, setting) compiles in a fresh process with empty Inductor and Triton caches, as
-a job's child does (filters/sandbox/harness.py: use_compiler_caches), the settings interleaved
+a job's child does (filters/checks/harness.py: use_compiler_caches), the settings interleaved
 so that each sees the same load. A child times the compiled model's first call (compiling,
 autotuning and running it) and compares its output with eager mode's. Printed per setting: the
 median and summed seconds, the ratio against the first setting, and whether each candidate's
@@ -40,8 +40,8 @@ def compile_one(path: str, setting: str, device: str) -> dict:
     """In this (fresh) process: the first compiled call's seconds and its agreement with eager."""
     import torch
 
-    from filters.sandbox.checks import DEFAULTS
-    from filters.sandbox.execution import build_model, first_inputs, forward, load_task, max_diff, tolerance_share
+    from filters.checks.registry import DEFAULTS
+    from filters.checks.measure.execution import build_model, first_inputs, forward, load_task, max_diff, tolerance_share
     task = load_task(Path(path).read_text())
     target = torch.device(device)
     model = build_model(task, 0, target)

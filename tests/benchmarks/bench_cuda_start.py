@@ -4,7 +4,7 @@
 
 A parent that imported torch and never touched the GPU (as a sandbox zygote) forks
 CONCURRENCY children at once, CONCURRENCY children per round; each makes its CUDA context,
-a first allocation and a cuBLAS handle (worker._start_cuda's steps) and reports how long
+a first allocation and a cuBLAS handle (cuda_start._start_cuda's steps) and reports how long
 each took. Printed per concurrency: the median and the 90th percentile of each step and of
 the whole, and the starts per second the round reached. If the starts share one resource
 (a driver lock), the whole time grows with the concurrency and starts per second stay flat.
@@ -21,7 +21,7 @@ import torch
 
 
 def start_cuda() -> dict:
-    """worker._start_cuda's steps, timed one by one (ms)."""
+    """cuda_start._start_cuda's steps, timed one by one (ms)."""
     marks = {"began": time.perf_counter()}
     torch.cuda.init()
     marks["context"] = time.perf_counter()

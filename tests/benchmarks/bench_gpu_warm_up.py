@@ -1,5 +1,5 @@
 """What a GPU zygote's warm-up buys each job's child: the same candidates through the jailed
-pool once per level of `worker.warm_for_gpu` ("imports", today's; "triton"; "dynamo").
+pool once per level of `warm.warm_for_gpu` ("imports", today's; "triton"; "dynamo").
 
     python -m tests.benchmarks.bench_gpu_warm_up --tasks .bench/cands [--candidates 48] [--workers 4]
         [--levels imports,triton,dynamo]
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from filters.sandbox.harness import WARM_UP_TASK
+from filters.checks.harness import WARM_UP_TASK
 from filters.sandbox.pool import SandboxOptions, WorkerPool
 from pipeline.devices import gpu_share_gb, task_memory_budget_gb
 

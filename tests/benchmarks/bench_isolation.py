@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from filters.sandbox.harness import DEFAULTS
+from filters.checks.harness import DEFAULTS
 from filters.sandbox.pool import SandboxOptions, WorkerPool
 from tests.conftest import make_task
 

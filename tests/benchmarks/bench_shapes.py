@@ -1,5 +1,5 @@
 """How much a set of tasks looks like real layers: of their size constants (module-level
-ints whose name says what they size: filters/sandbox/resize.py, `size_constants`), the share
+ints whose name says what they size: filters/checks/measure/resize.py, `size_constants`), the share
 that are multiples of 8, powers of two, and rungs of the real-size ladders (operators/sizes.py);
 how many distinct shapes (sets of size constants) the tasks have; the batch sizes.
 
@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from filters.sandbox.resize import RESIZE_CONSTANT, size_constants
+from filters.checks.measure.resize import RESIZE_CONSTANT, size_constants
 from operators.sizes import in_ladders, power_of_two
 
 

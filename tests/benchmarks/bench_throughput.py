@@ -277,7 +277,7 @@ def wasted_work(records: list[dict]) -> dict:
             repeat_s += _num(record["verdict"].get("metrics") or {}, "job_wall_ms") / 1e3
         seen.add(ident)
     nan = [r["verdict"] for r in records if r["verdict"]["reason"] == "nan_or_inf"]
-    from filters.sandbox.checks import CHECK_STAGES  # this checkout's order: a --tree of the past had the same
+    from filters.checks.registry import CHECK_STAGES  # this checkout's order: a --tree of the past had the same
     after_timing = set(CHECK_STAGES[CHECK_STAGES.index("timing") + 1:])
     late = [r["verdict"].get("metrics") or {} for r in records
             if not r["verdict"]["passed"] and r["verdict"]["stage"] in after_timing]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import filters.sandbox.trace_batch as trace_batch
-from filters.sandbox.harness import WARM_UP_TASK, trace
+from filters.checks.harness import WARM_UP_TASK, trace
 from tests.pipeline.test_dedupe_batches import distinct_tasks
 
 

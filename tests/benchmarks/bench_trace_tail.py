@@ -5,7 +5,7 @@ and for the slow ones, what the small problem's reading left unspelled.
 
 RECORDS is a `bench_throughput --records` file (each accepted task's code as stored). A
 trace reads a task at a small problem first and stands there only where that reading leaves
-no named op unspelled (filters/sandbox/harness.py, `read`); else it reads the task again at
+no named op unspelled (filters/checks/harness.py, `read`); else it reads the task again at
 its own sizes, which on the H200 took 5-20 s for a fifth of the accepted tasks (BENCHMARKS.md,
 session 20). Printed: the distribution of trace times, and per slow task its op sequence and
 the ops the small reading left unspelled (the reason it was read again).
@@ -18,8 +18,8 @@ import statistics
 import time
 from collections import Counter
 
-from filters.sandbox import harness
-from filters.sandbox.resize import small_problem
+from filters.checks import harness
+from filters.checks.measure.resize import small_problem
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from filters.sandbox.harness import WARM_UP_TASK
+from filters.checks.harness import WARM_UP_TASK
 from filters.sandbox.pool import WORKER_ENV, SandboxOptions, WorkerPool
 from filters.grammar import static_check
 from operators.catalog import load_or_crawl

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from filters.sandbox.execution import build_model, load_task, make_inputs, measure, warm_up_calls
-from filters.sandbox.harness import DEFAULTS
+from filters.checks.measure.execution import build_model, load_task, make_inputs, measure, warm_up_calls
+from filters.checks.harness import DEFAULTS
 
 
 def kernel_ms_per_call(model, inputs, calls: int = 20) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from filters.sandbox.harness import evaluate
+from filters.checks.harness import evaluate
 
 TASK = """\
 import torch

@@ -16,7 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from filters.sandbox.harness import DEFAULTS
+from filters.checks.harness import DEFAULTS
 from filters.sandbox.pool import SandboxOptions, WorkerPool
 
 TASK = textwrap.dedent("""\

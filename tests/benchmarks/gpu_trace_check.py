@@ -1,7 +1,7 @@
 """The trace on the checks' device, proven on a GPU (issue 28; docs/decontamination.md).
 
 A task traced at its own sizes is traced where its checks ran, from their seed
-(filters/sandbox/harness.py, `ChecksDevice`). On a GPU this prints:
+(filters/checks/harness.py, `ChecksDevice`). On a GPU this prints:
 - the attack it closes: a layer gated by a weight's draw, live on the GPU's generator and
   dead on the CPU's, through the checks on the GPU and traced on both devices;
 - the trace attacks of tests/filters/test_harness.py, traced with the GPU as the checks' device;
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from filters.sandbox import harness
-from filters.sandbox.worker import ALONE_SHARE
+from filters.checks import harness
+from filters.sandbox.cuda_start import ALONE_SHARE
 from filters.similarity.reference import load_reference
 
 

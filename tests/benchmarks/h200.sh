@@ -214,7 +214,7 @@ if [ "$STAGE" = disguise ]; then
     exit 0
 fi
 if [ "$STAGE" = gputrace ]; then
-    # A task traced at its own sizes on the GPU its checks ran on (filters/sandbox/harness.py,
+    # A task traced at its own sizes on the GPU its checks ran on (filters/checks/harness.py,
     # ChecksDevice): the cross-device attack it closes, and every KernelBench L1-2 task and
     # ROWS (a run's accepted rows, .bench/rows/ops6k-500.parquet) traced as a CPU run and as a GPU run.
     # ROWS "attack": the cross-device attack alone

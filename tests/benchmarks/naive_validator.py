@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from filters.sandbox.harness import evaluate
+from filters.checks.harness import evaluate
 
 if __name__ == "__main__":
     job = json.load(sys.stdin)

@@ -6,9 +6,13 @@ import math
 import pytest
 import torch
 
-from filters.sandbox import checks, harness
-from filters.sandbox.checks import CHECKS, DEFAULTS, Pure, TaskUnderTest, decide, measures
-from filters.sandbox.execution import GpuGate, build_model, close, forward, load_task, max_diff, tolerance_share
+from filters.checks import harness, registry
+from filters.checks.base import TaskUnderTest
+from filters.checks.measure.execution import (GpuGate, Reject, build_model, close, forward, load_task, max_diff,
+                                              tolerance_share)
+from filters.checks.order import CHECKS
+from filters.checks.pure import Pure
+from filters.checks.registry import DEFAULTS, RULES, decide, measures
 
 from tests.conftest import make_task
 
@@ -30,6 +34,14 @@ PASSING = {"output_finite": True, "eager_ms": 3.0, "peak_memory_mb": None, "resi
 def test_the_measures_of_a_sound_task_pass_and_cover_every_declared_measure():
     assert set(measures(DEFAULTS)) == set(PASSING)
     assert decide(PASSING, DEFAULTS) is None
+
+
+def test_the_checks_run_in_the_order_of_their_rules():
+    """The zygote decides by RULES what a worker's child ran by CHECKS: one rule a check, in
+    the same order, each check the measuring half of its rule."""
+    assert len(CHECKS) == len(RULES)
+    assert all(isinstance(check, type(rule)) for check, rule in zip(CHECKS, RULES))
+    assert [check.stage for check in CHECKS] == [rule.stage for rule in RULES]
 
 
 def test_measures_follow_the_enabled_checks():
@@ -72,7 +84,7 @@ def test_measures_follow_the_enabled_checks():
 def test_each_threshold_decides_its_reason(changes, expected):
     verdict = decide({**PASSING, **changes}, DEFAULTS)
     assert verdict is not None and verdict[:2] == expected, verdict
-    assert expected[1] in dict(checks.glossary())
+    assert expected[1] in dict(registry.glossary())
 
 
 def test_decide_names_what_it_read_in_the_detail():
@@ -259,7 +271,7 @@ def test_a_call_after_earlier_calls_on_other_inputs_must_agree_with_the_first():
     inputs = [torch.rand(64, 256)]
     t = TaskUnderTest(code, cfg, torch.device("cpu"), GpuGate(None), task=task, model=model, inputs=inputs,
                       out=forward(model, inputs), metrics={"eager_ms": 1.0})
-    with pytest.raises(checks.Reject) as rejected:
+    with pytest.raises(Reject) as rejected:
         Pure().run(t)
     assert rejected.value.reason == "call_dependent", rejected.value.detail
 
@@ -267,7 +279,7 @@ def test_a_call_after_earlier_calls_on_other_inputs_must_agree_with_the_first():
 def test_an_out_of_memory_whose_report_failed_is_still_out_of_memory():
     """On the H200 the caching allocator's out-of-memory message asks NVML, which fails in the
     jail: the assert it raises instead is an out-of-memory (the task may fit once re-sized)."""
-    from filters.sandbox.execution import as_reject
+    from filters.checks.measure.execution import as_reject
     failed_report = RuntimeError('NVML_SUCCESS == DriverAPI::get()->nvmlInit_v2_() INTERNAL ASSERT FAILED at '
                                  '"/pytorch/c10/cuda/CUDACachingAllocator.cpp":1135, please report a bug to PyTorch.')
     assert as_reject(failed_report, "execute").reason == "out_of_memory"
@@ -275,7 +287,7 @@ def test_an_out_of_memory_whose_report_failed_is_still_out_of_memory():
 
 
 def test_a_timed_call_sees_its_own_copy_of_the_inputs_scaled_by_a_few_ulps():
-    from filters.sandbox.execution import scaled_copies
+    from filters.checks.measure.execution import scaled_copies
     x, index = torch.rand(1000) + 0.5, torch.arange(10)
     scaled, same_index, three = scaled_copies([x, index, 3], 1 + 2 * torch.finfo(torch.float32).eps)
     assert not torch.equal(scaled, x) and torch.allclose(scaled, x, rtol=1e-6, atol=0)

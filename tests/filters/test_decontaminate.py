@@ -239,7 +239,7 @@ def test_every_kind_of_disguise_of_a_reference_task_is_caught(kind, traced_refer
 
 
 def _outputs(code):
-    from filters.sandbox.execution import build_model, forward, load_task, make_inputs
+    from filters.checks.measure.execution import build_model, forward, load_task, make_inputs
     import torch
     task = load_task(code)  # a fixture of ours or its rewrite: trusted, run here
     model = build_model(task, 0, torch.device("cpu"))

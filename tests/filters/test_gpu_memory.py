@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from filters.sandbox import gpu_memory
-from filters.sandbox.execution import GpuGate
+from filters.checks.measure.execution import GpuGate
 from filters.sandbox.gpu_memory import UNIT_BYTES, GpuMemory, GpuMemoryBusy, make_units
-from filters.sandbox.harness import evaluate
-from filters.sandbox.resize import as_stored
+from filters.checks.harness import evaluate
+from filters.checks.measure.resize import as_stored
 from filters.sandbox.worker import gpu_memory_ran_out
 from tests.conftest import make_task
 
@@ -261,7 +261,7 @@ def test_a_check_that_swallows_a_tasks_failures_still_lets_its_job_grow(lock, mo
     """The ablation's trace and the float64 probe take a task's failure for "no graph" or
     "no double kernel". Running out of GPU memory is neither: a red team's task got a final
     `untraceable` where its job had not grown, and a float64 probe was skipped unseen."""
-    from filters.sandbox import ablation, numerics
+    from filters.checks.measure import ablation, numerics
     x = torch.ones(2, 3)
     for step, args, expected in ((ablation.trace_on, (_OutgrowsItsJob(), [x]), "a graph"),
                                  (numerics.float64_share, (_OutgrowsItsJob().double(), [x], [x * 2], 1e-2, 1e-2), 0.0)):
@@ -350,24 +350,24 @@ def test_a_rerun_is_counted_and_a_trace_that_runs_out_takes_the_gpu_uncounted(lo
     memory. A trace that outgrew its counted memory does not wait for that turn (its 20 s
     could pass waiting, and an untraced task is rejected): it gives its units back and runs
     uncounted, every step alone, as a job run alone did before memory was counted."""
-    from filters.sandbox import worker
+    from filters.sandbox import cuda_start
     options, caps = {"gpu_pool_gb": 4.0, "gpu_memory_gb": 2.0}, []
-    monkeypatch.setattr(worker, "_uncounted_alone", False)
+    monkeypatch.setattr(cuda_start, "_uncounted_alone", False)
     monkeypatch.setattr(gpu_memory, "held", None)
-    worker.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # the rerun's child
+    cuda_start.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # the rerun's child
     rerun = gpu_memory.held
     assert rerun.alone and rerun.held_bytes == GIB and rerun.most == 7 and not caps
-    worker.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # started again: it stands
+    cuda_start.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # started again: it stands
     assert gpu_memory.held is rerun and rerun.alone and rerun.held_bytes == GIB and not caps
     rerun.give_back()
 
     monkeypatch.setattr(gpu_memory, "held", None)
-    worker.count_gpu_memory(options, lock, None, caps.append)  # a trace's child, as any job starts
+    cuda_start.count_gpu_memory(options, lock, None, caps.append)  # a trace's child, as any job starts
     trace = gpu_memory.held
     assert trace.held_bytes == GIB and not trace.alone
-    worker.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # its reading ran out
-    assert gpu_memory.held is None and not trace.held and caps == [worker.ALONE_SHARE]
-    assert worker._uncounted_alone
+    cuda_start.count_gpu_memory({**options, "alone": True}, lock, None, caps.append)  # its reading ran out
+    assert gpu_memory.held is None and not trace.held and caps == [cuda_start.ALONE_SHARE]
+    assert cuda_start._uncounted_alone
     assert _job(lock, most_gib=4).grow()  # nothing of the trace's is held, nor the turn to run alone
     steps = GpuGate(lock, alone=True)
     with steps.shared("a step"):

@@ -6,10 +6,14 @@ import time
 import pytest
 import torch
 
-from filters.sandbox import harness
-from filters.sandbox.checks import DependsOnInput, Deterministic, NothingDead, SizeSearch, TaskUnderTest
-from filters.sandbox.execution import POLITE_S, GpuGate, build_model, forward, load_task, measure
-from filters.sandbox.resize import small_problem
+from filters.checks import harness
+from filters.checks.base import TaskUnderTest
+from filters.checks.depends_on_input import DependsOnInput
+from filters.checks.deterministic import Deterministic
+from filters.checks.nothing_dead import NothingDead
+from filters.checks.timing import SizeSearch
+from filters.checks.measure.execution import POLITE_S, GpuGate, build_model, forward, load_task, measure
+from filters.checks.measure.resize import small_problem
 from operators.sizes import in_ladders
 
 from tests.conftest import make_task
@@ -357,7 +361,7 @@ def test_a_trace_reads_the_very_weights_and_inputs_the_checks_ran_first():
     """The checks draw a task's inputs from seed + 1 (execution.load_and_run); the trace drew
     them from where the model's build left the generator, and a red team's gate on
     `x[0, 0]` was live for the checks and zero for the trace."""
-    from filters.sandbox.execution import GpuGate, load_and_run
+    from filters.checks.measure.execution import GpuGate, load_and_run
     task = make_task("return torch.relu(self.linear(x))", init="self.linear = nn.Linear(features, features)")
     for seed in (0, 7):
         _, checked_model, checked_inputs, _ = load_and_run(task, {"seed": seed}, torch.device("cpu"), GpuGate(None))
@@ -427,7 +431,7 @@ def test_a_layer_added_to_a_large_offset_and_taken_off_again_is_not_hidden(offse
     """Values are compared at their own magnitude: at 4,000, 4 an element apart is equal, and
     a red team's layer (0.5 an element) added to an offset and taken off again was read as
     the offset alone, `add` (round 4). A value taken for an earlier one must return the same
-    outputs put in its place (`op_graph._aliases_hold`); this one does not, at any size."""
+    outputs put in its place (`graph._aliases_hold`, filters/computation/graph.py); this one does not, at any size."""
     body = f"t = x + {offset}\ny = t + torch.relu(self.linear(x)) * 0.25\nreturn y - ({offset})"
     task = make_task(body, init="self.linear = nn.Linear(features, features)", inputs="[torch.randn(batch_size, features)]")
     graph = harness.trace(task)
@@ -464,7 +468,7 @@ def test_a_task_whose_values_dropped_an_op_and_whose_own_sizes_cannot_be_traced_
 def test_a_trace_whose_values_drop_nothing_stays_at_the_small_problem():
     """The fallback to the task's own sizes costs seconds of CPU a task: only a trace whose
     values dropped an op takes it (7 of 100 accepted rows of the H200 run)."""
-    from filters.sandbox.op_graph import op_graph_and_drops
+    from filters.computation.graph import op_graph_and_drops
 
     honest = make_task("return torch.relu(self.linear(x)) * 2.0", init="self.linear = nn.Linear(features, features)")
     small, _ = small_problem(honest)
@@ -564,7 +568,7 @@ def test_a_data_dependent_op_does_not_hide_a_branch_on_the_batch_from_the_trace(
 def test_a_cpu_build_draws_the_values_torch_manual_seed_gave_it():
     """execution.seed_for seeds the CPU generator alone: the same draws as before, so cached
     readings and verdicts stand."""
-    from filters.sandbox.execution import seed_for
+    from filters.checks.measure.execution import seed_for
     torch.manual_seed(11)
     expected = torch.randn(5)
     torch.manual_seed(0)
@@ -588,7 +592,7 @@ def test_where_the_precise_measure_moves_the_size_the_checks_between_run_again_t
     """A quick measure beside other workers can read slow: where the precise measure sends
     the search on from the size the quick ones chose (out of the window, or far from the
     target), every check between runs again at the size the row keeps."""
-    from filters.sandbox.checks import CHECKS, TimedAlone
+    from filters.checks.order import CHECKS, TimedAlone
     code = make_task("return torch.tanh(x).cumsum(-1)", constants="batch_size = 64\nfeatures = 64")
     t = TaskUnderTest(code, {**harness.DEFAULTS, **FAST}, torch.device("cpu"), GpuGate(None))
     before_precise = [check for check in CHECKS if not isinstance(check, TimedAlone)][:-1]

@@ -343,7 +343,7 @@ def test_the_wipe_removes_whatever_a_job_left_whatever_its_mode(tmp_path):
     (locks / "gpu0.lock").write_text("")
     kept = {"zygote", *(locks.parts[2:3] if locks.parts[1] == "tmp" else ())}  # and the folders to the locks
     assert_held(run_jailed(f"""
-        from filters.sandbox.worker import _clear
+        from filters.sandbox.wipe import _clear
         os.makedirs("/tmp/zygote/headers")
         open("/tmp/zygote/headers/kept.h", "w").write("kept")
         job = "/tmp/job-left"
@@ -375,7 +375,7 @@ def test_the_wipe_removes_the_system_v_ipc_a_job_left():
     queue, in the same namespace, cannot be made."""
     assert_held(run_jailed("""
         import errno
-        from filters.sandbox.worker import _remove_sysv_ipc
+        from filters.sandbox.wipe import _remove_sysv_ipc
         libc.shmat.restype = ctypes.c_void_p
         segment = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
         address = ctypes.c_void_p(libc.shmat(segment, None, 0))

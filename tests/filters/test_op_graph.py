@@ -1,4 +1,4 @@
-"""What a task computes, read the same however it is written (filters/sandbox/op_graph.py).
+"""What a task computes, read the same however it is written (filters/computation/).
 Our own small modules, recorded in this process: on real CPU tensors (values: what a run of
 ops computes is compared with what came before it) and on the meta device (spelling only)."""
 import math
@@ -10,11 +10,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from filters.sandbox.harness import trace
-from filters.sandbox.resize import small_problem
-from filters.sandbox.op_graph import (ELEMENT_TOLERANCE, GROUP_COUNTS_TRIED, OVERLAP_SEARCH_NODES, TraceTooLong,
-                                     UntracedAliasing, ValuesThroughPython, _apart, _apart_values, _dim_tests,
-                                     _matmul_shape, _offsets_meet, _overlap, close, op_graph, op_graph_and_drops)
+from filters.checks.harness import trace
+from filters.checks.measure.resize import small_problem
+from filters.computation.graph import ValuesThroughPython, op_graph, op_graph_and_drops
+from filters.computation.memory import OVERLAP_SEARCH_NODES, UntracedAliasing, _offsets_meet, _overlap
+from filters.computation.recognise import GROUP_COUNTS_TRIED, TraceTooLong, _dim_tests, _matmul_shape
+from filters.computation.values import ELEMENT_TOLERANCE, _apart, _apart_values, close
 from filters.grammar import static_check
 from tests.disguise import EQUIVALENTS, NotApplicable
 
@@ -792,7 +793,7 @@ batch_size = 8
 
 
 def _outputs(code: str) -> torch.Tensor:
-    from filters.sandbox.execution import build_model, forward, load_task, make_inputs
+    from filters.checks.measure.execution import build_model, forward, load_task, make_inputs
     task = load_task(code)  # our own task and its disguises: trusted, run here
     torch.manual_seed(1)
     inputs = make_inputs(task, torch.device("cpu"))

@@ -24,7 +24,7 @@ import torch.overrides
 
 from filters.grammar import allowlist as allowed
 from filters.grammar import policy, static_check
-from filters.sandbox.execution import load_task
+from filters.checks.measure.execution import load_task
 from tests.conftest import make_task
 
 LIBRARY_OPS = frozenset({"kornia.filters.GaussianBlur2d", "kornia.filters.gaussian_blur2d",

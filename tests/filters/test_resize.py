@@ -1,7 +1,7 @@
-"""Re-sizing along ladders of real layer sizes (filters/sandbox/resize.py), without the sandbox."""
+"""Re-sizing along ladders of real layer sizes (filters/checks/measure/resize.py), without the sandbox."""
 import random
 
-from filters.sandbox.resize import (at_level, chosen_sizes, int_constants, kind_of, nearest_level, size_constants,
+from filters.checks.measure.resize import (at_level, chosen_sizes, int_constants, kind_of, nearest_level, size_constants,
                                     with_constants, work_ratio)
 from operators.layouts import LAYOUTS, draw_sizes, size_table
 from operators.sizes import LADDERS, in_ladders, power_of_two

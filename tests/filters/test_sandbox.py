@@ -8,9 +8,9 @@ import time
 import pytest
 
 from filters.sandbox import jail
-from filters.sandbox.harness import REASONS
+from filters.checks.harness import REASONS
 from filters.sandbox.pool import WorkerPool, _finish
-from filters.sandbox.resize import with_constants
+from filters.checks.measure.resize import with_constants
 from filters.sandbox.validate import validate
 from filters.sandbox.worker import check_result
 from operators.records import Candidate

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from filters.sandbox.execution import GpuGate
+from filters.checks.measure.execution import GpuGate
 from filters.sandbox.worker import gpu_memory_ran_out, longest_job_s
 from tests.benchmarks.bench_throughput import summarise, wasted_work
 
@@ -44,7 +44,7 @@ def test_steps_share_the_gpu_but_a_job_run_alone_holds_it_alone(tmp_path):
 def test_the_gate_reports_its_holds_and_the_longest_step(tmp_path, monkeypatch):
     """The longest hold is what every timer (and every worker behind it) waited for: the
     benchmark names its step, and counts the long ones."""
-    from filters.sandbox import execution
+    from filters.checks.measure import execution
     gate = GpuGate(str(tmp_path / "gpu0.lock"))
 
     def slow_build():
@@ -137,7 +137,7 @@ def test_a_gpu_zygote_warms_dynamo_without_leaving_torch_blind_to_the_gpu(tmp_pa
     script = f"""
 import torch
 real = torch.cuda.is_available
-from filters.sandbox.worker import warm_for_gpu
+from filters.sandbox.warm import warm_for_gpu
 said = warm_for_gpu("dynamo", {str(tmp_path / "cache")!r})
 assert torch.cuda.is_available is real and not torch.cuda.is_initialized()
 assert "dynamo" in said, said
@@ -147,7 +147,7 @@ print("WARMED", said)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert "WARMED imports" in done.stdout, done.stderr[-2000:]
-    refused = subprocess.run([sys.executable, "-c", "from filters.sandbox.worker import warm_for_gpu; "
+    refused = subprocess.run([sys.executable, "-c", "from filters.sandbox.warm import warm_for_gpu; "
                               f"warm_for_gpu('everything', {str(tmp_path)!r})"], capture_output=True, text=True)
     assert "unknown GPU warm-up" in refused.stderr
 
@@ -173,7 +173,7 @@ def test_a_timer_takes_a_gap_between_steps_and_stops_no_worker_while_it_looks_fo
     """A timer that comes while a step is under way does not close the gate at once: a
     worker's step that starts while the timer looks for a gap runs, and the timer takes the
     GPU alone as soon as no step holds it. Past POLITE_S it closes the gate (never starved)."""
-    from filters.sandbox import execution
+    from filters.checks.measure import execution
     path = str(tmp_path / "gpu0.lock")
     entered = threading.Event()
     first = threading.Thread(target=_hold, args=(GpuGate(path), 0.3, entered))
@@ -197,7 +197,7 @@ def test_a_timer_takes_a_gap_between_steps_and_stops_no_worker_while_it_looks_fo
 
 
 def test_a_timer_that_finds_no_gap_closes_the_gate(tmp_path, monkeypatch):
-    from filters.sandbox import execution
+    from filters.checks.measure import execution
     monkeypatch.setattr(execution, "POLITE_S", 0.05)
     monkeypatch.setattr(execution, "DRAIN_S", 5.0)  # the step under way ends while the gate is closed
     path = str(tmp_path / "gpu0.lock")
@@ -237,7 +237,7 @@ def test_a_timer_behind_a_long_step_opens_the_gate_again_and_waits_it_out_alone(
     timer that closed the gate behind it opens it again after DRAIN_S, so the other workers'
     steps go on while only the timer waits; it holds the GPU alone once the long step ends.
     Past TIMER_PATIENCE_S it keeps the gate closed, as before (never starved)."""
-    from filters.sandbox import execution
+    from filters.checks.measure import execution
     monkeypatch.setattr(execution, "POLITE_S", 0.05)
     monkeypatch.setattr(execution, "DRAIN_S", 0.05)
     path = str(tmp_path / "gpu0.lock")
@@ -274,7 +274,7 @@ def test_a_timer_reports_its_wait_as_it_goes_not_only_once_it_holds_the_gpu(tmp_
     a long step (it can wait TIMER_PATIENCE_S and a step) reports while it waits, so a job
     near its limit is not killed for other workers' steps (a red team's timer waited 4.8 s
     before its first report)."""
-    from filters.sandbox import execution
+    from filters.checks.measure import execution
     monkeypatch.setattr(execution, "POLITE_S", 0.05)
     monkeypatch.setattr(execution, "DRAIN_S", 0.05)
     path = str(tmp_path / "gpu0.lock")
@@ -297,7 +297,7 @@ def test_a_timer_reports_its_wait_as_it_goes_not_only_once_it_holds_the_gpu(tmp_
 def test_a_step_behind_a_closed_gate_reports_its_wait_as_it_goes(tmp_path, monkeypatch):
     """A timer out of patience keeps the gate closed behind a long step: a step that comes
     meanwhile waits with it, and says so while it waits."""
-    from filters.sandbox import execution
+    from filters.checks.measure import execution
     monkeypatch.setattr(execution, "POLITE_S", 0.01)
     monkeypatch.setattr(execution, "TIMER_PATIENCE_S", 0.0)
     path = str(tmp_path / "gpu0.lock")
@@ -331,7 +331,7 @@ def test_a_quick_measure_holds_the_gate_one_call_at_a_time(tmp_path):
     step of its own, so a timer that closes the gate behind it drains one call, not seven."""
     import torch
 
-    from filters.sandbox.execution import measure
+    from filters.checks.measure.execution import measure
 
     class Slow(torch.nn.Module):
         def forward(self, x):

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from filters.sandbox.checks import DEFAULTS, measures
+from filters.checks.registry import DEFAULTS, measures
 from filters.sandbox.pool import WorkerPool
 from filters.sandbox.worker import confirm
 from tests.conftest import make_task, sandbox_options

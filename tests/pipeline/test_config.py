@@ -114,7 +114,7 @@ def test_a_checks_setting_reaches_the_workers_and_decides_the_runs_identity(tmp_
 def test_a_changed_threshold_is_a_new_verdict_key_and_a_new_run(tmp_path, monkeypatch):
     """A verdict stored under one threshold of a check is not taken for another, even one
     the run never set (a new opsynth's default)."""
-    from filters.sandbox import checks
+    from filters.checks import registry
     from filters.store import VerdictStore
     from pipeline.devices import sandbox_options as _sandbox_options
     from pipeline.run import _check_config
@@ -123,7 +123,7 @@ def test_a_changed_threshold_is_a_new_verdict_key_and_a_new_run(tmp_path, monkey
     cfg = build_config(None, {})
     key = lambda: VerdictStore.key("code", _check_config(cfg, "cpu", _sandbox_options(cfg, "cpu", [], 2, tmp_path)))
     before, run_before = key(), _fingerprint(cfg, "cpu")
-    monkeypatch.setitem(checks.DEFAULTS, "min_changed_share", 0.3)
+    monkeypatch.setitem(registry.DEFAULTS, "min_changed_share", 0.3)
     assert key() != before and _fingerprint(cfg, "cpu") != run_before
 
 

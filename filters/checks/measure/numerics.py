@@ -1,4 +1,4 @@
-"""Is the task well-conditioned? Measured for filters/sandbox/checks.py's `WellConditioned`.
+"""Is the task well-conditioned? Measured for filters/checks/well_conditioned.py's `WellConditioned`.
 
 A kernel is verified against the float32 reference at atol = rtol = 1e-2. A correct kernel
 that sums in another order differs from the reference by rounding: where the task amplifies
@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from filters.sandbox.execution import forward, nudged_copies, ran_out_of_gpu_memory, tolerance_share
+from filters.checks.measure.execution import forward, nudged_copies, ran_out_of_gpu_memory, tolerance_share
 
 
 @contextlib.contextmanager

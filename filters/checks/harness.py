@@ -1,5 +1,5 @@
 """One candidate through the acceptance checks, inside a sandbox worker (docs/architecture.md,
-"Acceptance"): `evaluate` runs filters/sandbox/checks.py's CHECKS in order; `warm_up` readies a
+"Acceptance"): `evaluate` runs filters/checks/order.py's CHECKS in order; `warm_up` readies a
 worker; `trace` records what a task computes.
 """
 from __future__ import annotations
@@ -12,12 +12,16 @@ from typing import Callable
 
 import torch
 
-from filters.sandbox.checks import CHECKS, DEFAULTS, SANDBOX_REASONS, TaskUnderTest, bind_compiler
-from filters.sandbox.execution import (GpuGate, Reject, as_reject, build_model, first_inputs, load_task, release,
+from filters.checks.base import TaskUnderTest
+from filters.checks.compiles import bind_compiler
+from filters.checks.order import CHECKS
+from filters.checks.registry import DEFAULTS
+from filters.checks.verdicts import SANDBOX_REASONS
+from filters.checks.measure.execution import (GpuGate, Reject, as_reject, build_model, first_inputs, load_task, release,
                                       timed)
 from filters.sandbox.gpu_memory import GpuMemoryBusy
-from filters.sandbox.op_graph import MAX_OP_GRAPH, op_graph, op_graph_and_drops
-from filters.sandbox.resize import small_problem
+from filters.computation.graph import MAX_OP_GRAPH, op_graph, op_graph_and_drops
+from filters.checks.measure.resize import small_problem
 
 _reset_dynamo = torch._dynamo.reset
 bind_compiler()  # this module is imported by a worker before it runs any task
@@ -150,7 +154,7 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
 
 def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, own_sizes: bool = False,
          small_only: bool = False) -> Reading:
-    """What the task computes (filters/sandbox/op_graph.py) as space-separated op names, from a
+    """What the task computes (filters/computation/) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
     calls it in a child of its own, under a hard time limit.
 

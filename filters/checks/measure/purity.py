@@ -1,5 +1,5 @@
 """Is forward a pure function of its inputs and weights? Measured at run time, in the
-task's process, for filters/sandbox/checks.py's `Pure` check.
+task's process, for filters/checks/pure.py's `Pure` check.
 
 A reference that mutates what it is given, moves an RNG, keeps state between calls or
 returns memory it will overwrite cannot be matched by a kernel that computes the same thing:

@@ -20,8 +20,8 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from filters.sandbox.execution import ran_out_of_gpu_memory
-from filters.sandbox.op_graph import LAYOUT_ONLY
+from filters.checks.measure.execution import ran_out_of_gpu_memory
+from filters.computation.names import LAYOUT_ONLY
 
 MAX_PARAMETERS = 32  # probe at most this many parameters (the largest first)
 ABLATED_OPS = ("call_module", "call_function", "call_method")

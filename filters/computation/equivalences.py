@@ -1,0 +1,299 @@
+"""The recorded ops read from their values (`_Equivalences`): a value equal to an earlier one is
+that value, and a run that computes a known function of an earlier value is named as that
+function (the recognisers, filters/computation/recognise.py); what the outputs depend on that
+the sequence does not spell as itself is `unspelled` (`_Unspelled`).
+"""
+from __future__ import annotations
+
+import torch
+
+from filters.computation.names import LAYOUT_ONLY, NORM_NAMES, BOUNDING, _merged_branches, _name, canonical
+from filters.computation.recognise import WINDOW, _Recognisers
+from filters.computation.record import _Op, _Recorder
+from filters.computation.values import HEAD, SAMPLE, _apart_values, _is_float, _is_numeric, _uniform, close
+
+
+class _Unspelled:
+    """What the sequence of `_Equivalences` leaves unspelled (a part of that class: it reads
+    its recorded ops, what it named and what it took for an earlier value)."""
+
+    def unspelled(self, outputs: list) -> list:
+        """The named ops the outputs depend on that the sequence does not spell as themselves
+        (see op_graph_and_drops), in the order they ran."""
+        spelled = self._live(outputs)
+        reaching, frontier = set(), list(self._makers(outputs))
+        while frontier:
+            node = frontier.pop()
+            if node not in reaching and node.target is not None:
+                reaching.add(node)
+                frontier.extend(self.inputs[node])
+        hidden = [op for op in self.ops if op in reaching and op not in spelled
+                  and (op.variable or op in self.made_constant) and canonical(op)]
+        if not hidden:
+            return hidden
+        structural = self._identities() | self._renamed_norms(hidden, spelled)
+        return [op for op in hidden if op not in structural]
+
+    def _renamed_norms(self, hidden: list, spelled: set) -> set:
+        """Norm ops left out because the sequence spells them under a reshape: F.instance_norm
+        is a batch norm of a reshaped view, reshaped back, and both the batch norm and the view
+        back read as the instance norm of the input; the view back spells it. A norm counts
+        so only where a spelled node reached from it through layout ops alone is named as the
+        same composite, read from the same input up to layout ops: nothing it computes is left
+        out, at any size."""
+        renamed = set()
+        for op in hidden:
+            # nothing but the norm: an affine one whose scale and shift the values took for
+            # nothing at the small problem (a weight of 1 + 1e-4 r) may not be so at its own sizes
+            if op not in self.named or not op.variable or canonical(op) != list(self.named[op]) \
+                    or canonical(op)[0] not in NORM_NAMES:
+                continue
+            source = self._layout_root(self.reads[op][0])
+            reshaped, frontier = set(), [op]
+            while frontier:
+                for user in self.users.get(frontier.pop(), ()):
+                    if _name(user) in LAYOUT_ONLY and user not in reshaped:
+                        reshaped.add(user)
+                        frontier.append(user)
+            if any(node in spelled and node.variable and self.named.get(node) == self.named[op]
+                   and self._layout_root(self.reads[node][0]) is source for node in reshaped):
+                renamed.add(op)
+        return renamed
+
+    def _layout_root(self, node):
+        """The node `node` is a reshape of (itself if it is none)."""
+        while node.target is not None and _name(node) in LAYOUT_ONLY and len(self.inputs[node]) == 1:
+            node = self.inputs[node][0]
+        return node
+
+    def _identities(self) -> set:
+        """The ops of `sign(y) * |y|` (or `sign(y) * relu(|y|)`, F.lp_pool's), which is y
+        whatever y is: left out at every size. The sign and the magnitude count only where
+        the product is all that reads them."""
+        found = set()
+        for product in self.ops:
+            if _name(product) != "mul" or len(product.args) < 2 or not all(
+                    isinstance(arg, _Op) for arg in product.args[:2]):
+                continue
+            sign, magnitude = sorted(product.args[:2], key=lambda node: _name(node) != "sign")
+            steps = [magnitude]
+            if canonical(magnitude) == ["relu"] and isinstance(magnitude.args[0], _Op):
+                magnitude = magnitude.args[0]
+                steps.append(magnitude)
+            if (_name(sign) != "sign" or _name(magnitude) != "abs" or not isinstance(sign.args[0], _Op)
+                    or sign.args[0] is not magnitude.args[0]):
+                continue
+            pattern = {product, sign, *steps}
+            found |= {product} | {node for node in pattern - {product} if self.users.get(node, set()) <= pattern}
+        return found
+
+
+class _Equivalences(_Unspelled, _Recognisers):
+    """The recorded ops with every run that computes a known function of an earlier value
+    named as that function, found by comparing values (the trace ran on real tensors):
+    - a value equal to an earlier one (`x * 4 * 0.25`, the batch duplicated and averaged, a
+      layout round trip) is that value: the ops between are gone;
+    - a value that is a composite of an earlier one (`where(x > 0, x, 0)` is relu,
+      `exp(x - logsumexp(x))` softmax, `2 sigmoid(2x) - 1` tanh, a norm in any of its
+      written forms) is named as the composite, read from that value;
+    - a value that is an affine function of an earlier one, per element or per channel, is
+      one multiplication and one addition (eval batch norm as scale and shift, a chain of
+      scalar arithmetic);
+    - a value that is a matrix product or convolution of an earlier value and a weight
+      (`(x[:, None] * w).sum(-1)`, split-K halves added, unfold and a matrix product) is `mm`
+      or `convolution`.
+    Ops that read no model input (weights and what is made of them) are constants: folded.
+    The recognisers are `_Recognisers` (filters/computation/recognise.py) and what the
+    sequence leaves unspelled is `_Unspelled`: parts of this class, kept apart by concern."""
+
+    def __init__(self, recorder: _Recorder):
+        self.ops, self.made_by = recorder.ops, recorder.made_by
+        self.contraction_tests = 0
+        self.alias: dict = {}  # op -> the earlier node whose value it is
+        self.named: dict = {}  # op -> the names it stands for
+        self.inputs: dict = {op: list(op.inputs) + [leaf for leaf in op.leaves if leaf.variable] for op in self.ops}
+        self.reads: dict = dict(self.inputs)  # what each op reads once named: the value it is a function of
+        self.users: dict = {}
+        for op in self.ops:
+            for node in self.inputs[op]:
+                self.users.setdefault(node, set()).add(op)
+        self.absorbed: set = set()  # the inside of a recognised composite: no later value is read from there
+        # the inside of an affine map: generic arithmetic folded, so a later value equal to one
+        # of these is that value (`(x + b) * 4 * 0.25`: `* 4` folds `x + b` in, `* 0.25` is it)
+        self.folded: set = set()
+        self.samples: dict = {}
+        self.heads: dict = {}
+        self.images: dict = {}
+        self.made_constant: set = set()
+        self.through_constants = False
+        for op in self.ops:
+            if op.variable and _is_float(op.value) and op.value.numel() > 1 and _uniform(op.value):
+                op.variable = False  # `zeros_like(x)`, `x * 0`: the same value whatever x is, a constant
+                self.made_constant.add(op)
+            if op.variable and _is_float(op.value):
+                self._recognise(op)
+
+    def sequence(self, outputs: list) -> list[str]:
+        live = self._live(outputs)
+        nodes = [op for op in self.ops if op in live and op.variable]
+        reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
+        merged = _merged_branches(nodes, lambda n: reads[n], self.names)
+        names = {node: self.names(node) for node in nodes if node not in merged}
+        _chain_affine_maps([node for node in nodes if node in names], reads, names)
+        return [name for node in nodes if node in names for name in names[node]]
+
+    def constant(self, outputs: list) -> bool:
+        """Whether the outputs are the same whatever the inputs, on these values."""
+        return not any(node.variable for node in self._live(outputs))
+
+    def _live(self, outputs: list) -> set:
+        """The nodes the outputs read, through values that vary: what a value the same
+        whatever the inputs are (`made_constant`) reads reaches no output (a `where` that
+        is all zeros on the task's own inputs left its comparison spelled as `gt`), unless
+        `through_constants` (outputs that are constant: what made them is all there is)."""
+        live, frontier = set(), [self._resolve(node) for node in self._makers(outputs)]
+        while frontier:
+            node = frontier.pop()
+            if node not in live and node.target is not None:
+                live.add(node)
+                if node not in self.made_constant or self.through_constants:
+                    frontier.extend(self._resolve(n) for n in self.reads[node])
+        return live
+
+    def names(self, node) -> list[str]:
+        return list(self.named[node]) if node in self.named else canonical(node)
+
+    def _makers(self, outputs):
+        """The nodes the outputs are, as the recorder last joined them: not found by their
+        values, which a node holds only for its first output, and a clone of once frozen (a
+        red team's second chunk of a layer, and a slice written before a write beside it,
+        went unread)."""
+        return [self.made_by[id(t)] for t in outputs if id(t) in self.made_by]
+
+    def _resolve(self, node):
+        while node in self.alias:
+            node = self.alias[node]
+        return node
+
+    def _recognise(self, op) -> None:
+        """An op equal to an earlier value is that value; else one that computes a known
+        function of an earlier value is named as it. A layout op is asked the second first:
+        F.instance_norm is a batch norm of a reshaped view, reshaped back (equal to the batch
+        norm's value, and an instance norm of the input)."""
+        window = self._window(op)
+        layout = not canonical(op)
+        found = self._composite(op, window) if layout else None
+        if found and self._same(op, found[1][0]):  # a relu of what is all positive: nothing at all
+            found = None
+        bounding = not BOUNDING.isdisjoint(canonical(op))
+        same = None if found or bounding else next((node for node in window if self._same(op, node)), None)
+        if same is None and not found and not bounding and self.folded:
+            same = next((node for node in self._window(op, inside=True) if node in self.folded
+                         and self._same(op, node)), None)
+        if same is not None and layout and op.value.dim() == 4 and same.value.dim() != 4:
+            # a matrix product reshaped into an image is a convolution when it is one (unfold,
+            # a product, reshaped back, with no bias after it to be recognised at)
+            found = self._convolution(op, window, self._depends_on(op, 2))
+            same = None if found else same
+        if same is not None:
+            self.alias[op] = same
+            return
+        found = found or self._composite(op, window) or self._composite_of_inside(op, window)
+        affine = None if found else self._affine(op, window)
+        found = found or affine or self._contraction(op, window)
+        if found:
+            self.named[op], self.reads[op] = found
+            inside = self._between(op, min(found[1], key=lambda n: n.index))
+            self.absorbed |= inside
+            if affine:
+                self.folded |= inside
+
+    def _composite_of_inside(self, op, window):
+        """A composite of a value inside an earlier recognised run, when nothing outside is
+        one: `tanh(x - s)` written `2 sigmoid(2 (x - s)) - 1` reads `x - s`, which the affine
+        map `2 (x - s)` of x took in first; a clamp can take in the value a later tanh reads
+        the same way. What the earlier run named is then read by nothing, and the ops up to
+        the value read are spelled as they are."""
+        inside = self._window(op, inside=True)
+        found = self._composite(op, inside) if len(inside) > len(window) else None
+        # 2 sigmoid(x) is the 1 + tanh(x / 2) a written sigmoid passes through: equal to a
+        # value inside is no composite of it (a relu of what is all positive)
+        return None if found is None or self._same(op, found[1][0]) else found
+
+    def _window(self, op, inside: bool = False) -> list:
+        """The variable nodes `op` depends on, no more than WINDOW ops back, earliest first;
+        a node that is an earlier value's is a candidate too (the batch twice is still twice
+        the batch: a matrix product of it has twice the rows). The inside of a recognised
+        run is left out unless `inside`."""
+        seen, frontier = set(), list(self.inputs[op])
+        while frontier:
+            node = frontier.pop()
+            if node in seen or (node.target is not None and node.index < op.index - WINDOW):
+                continue
+            seen.add(node)
+            if node.target is not None:
+                frontier.extend(self.inputs[node])
+        return sorted((n for n in seen if n.variable and _is_numeric(n.value) and (inside or n not in self.absorbed)),
+                      key=lambda n: n.index)
+
+    def _sample(self, node) -> torch.Tensor:
+        if node not in self.samples:
+            flat = node.value.detach().reshape(-1).float()
+            count = min(flat.numel(), SAMPLE)
+            index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)  # exact: no float rounding
+            self.samples[node] = flat[index]
+        return self.samples[node]
+
+    def _head(self, node) -> list[float]:
+        if node not in self.heads:
+            self.heads[node] = self._sample(node)[:HEAD].tolist()
+        return self.heads[node]
+
+    def _same(self, op, node) -> bool:
+        """`op`'s value is `node`'s: reshaped, or repeated along the batch, or its first block."""
+        a, b = op.value, node.value
+        if a.numel() == b.numel():
+            return not _apart_values(self._head(op), self._head(node)) and close(self._sample(op), self._sample(node)) \
+                and close(a.reshape(-1), b.reshape(-1))
+        if a.dim() == b.dim() and a.dim() > 0 and a.shape[1:] == b.shape[1:] and a.numel() and b.numel():
+            big, small = (a, b) if a.shape[0] > b.shape[0] else (b, a)
+            return big.shape[0] % small.shape[0] == 0 and all(close(part, small)
+                                                              for part in big.split(small.shape[0]))
+        return False
+
+
+AFFINE = ("mul", "add")
+
+
+def _chain_affine_maps(nodes: list, reads: dict, names: dict) -> None:
+    """An affine map of an affine map is one (`names` edited in place): a norm's own scale
+    and shift followed by an eval batch norm's reads `mul add` once, as the same arithmetic
+    folded by hand does. A map is a node of multiplications and additions that reads one
+    variable value; it joins the map that made that value when nothing else reads it."""
+    users: dict = {}
+    for node in nodes:
+        for read in reads[node]:
+            users.setdefault(read, []).append(node)
+    owner: dict = {}  # a node folded into an earlier map -> that map's node
+    for node in nodes:
+        mine = names[node]
+        if not mine or not set(mine) <= set(AFFINE) or len(reads[node]) != 1:
+            continue
+        previous = reads[node][0]
+        previous = owner.get(previous, previous)
+        tail = _affine_tail(names.get(previous, []))
+        if not tail or len(users.get(reads[node][0], [])) != 1:
+            continue
+        names[previous] = names[previous][:len(names[previous]) - len(tail)] + \
+            [op for op in AFFINE if op in tail or op in mine]
+        names[node] = []
+        owner[node] = previous
+
+
+def _affine_tail(names: list) -> list:
+    tail = []
+    for name in reversed(names):
+        if name not in AFFINE or name in tail:
+            break
+        tail.insert(0, name)
+    return tail

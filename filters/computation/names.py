@@ -1,0 +1,251 @@
+"""One name for each op, whatever its spelling: overloads, in-place and internal forms, fused
+forms split into their parts, one name for each family a rewrite moves between, layout and
+identity dropped (`canonical`); the normalisations named by what they normalise over
+(`norm_name`); a cat of the same computation on parts of one tensor read once
+(`_merged_branches`); and a run of ops that is exactly a composite's decomposition named as
+that composite (`named_composites`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree
+
+from filters.computation.record import _Op, _Recorder
+
+LAYOUT_ONLY = frozenset({
+    "view", "unsafe_view", "reshape", "expand", "expand_as", "clone", "contiguous", "detach", "alias",
+    "lift_fresh_copy", "lift_fresh", "to_copy", "to", "t", "transpose", "permute", "squeeze", "unsqueeze", "flatten",
+    "unflatten", "view_as", "reshape_as", "empty", "empty_like", "zeros_like", "ones_like", "full_like", "copy",
+    "slice", "select", "split", "split_with_sizes", "chunk", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",
+    "unbind", "getitem", "type_as", "movedim", "as_strided",
+    "resolve_conj", "resolve_neg", "dropout", "feature_dropout", "alpha_dropout", "identity", "scalar_tensor",
+    "broadcast_in_dim", "full", "zeros", "ones", "empty_strided", "convert_element_type", "squeeze_copy",
+    "unsqueeze_copy", "view_copy", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "new_zeros",
+    "new_ones", "new_empty", "new_full", "real", "tensor_split", "written_through_view",
+})
+# Bounds a task writes (a clamp, a minimum with a constant): kept where they do not bind on the
+# trace's values, which say nothing of a kernel's inputs (KernelBench's Matmul_Min_Subtract
+# traced as a bare Linear, and every Linear with an epilogue matched it at 1.0).
+BOUNDING = frozenset({"clamp", "clamp_min", "clamp_max", "minimum", "maximum", "min", "max", "fmin", "fmax",
+                      "hardtanh", "relu6"})
+SELECTION = frozenset({"where", "gt", "lt", "ge", "le", "eq", "ne", "masked_fill", "logical_not", "logical_and",
+                       "logical_or", "isnan", "isinf", "isfinite"})
+SPLIT = {"addmm": ("mm", "add"), "addmv": ("mv", "add"), "baddbmm": ("bmm", "add"), "addbmm": ("bmm", "sum", "add"),
+         "linear": ("mm", "add"), "matmul": ("mm",), "bmm": ("mm",), "mv": ("mm",), "dot": ("mm",),
+         "mean": ("sum", "mul"), "log1p": ("add", "log"), "expm1": ("exp", "add"), "rsqrt": ("sqrt", "mul")}
+SAME_AS = {"sub": "add", "rsub": "add", "div": "mul", "true_divide": "mul", "neg": "mul", "reciprocal": "mul",
+           "square": "mul", "clamp_min": "clamp", "clamp_max": "clamp", "amax": "max", "amin": "min",
+           # attention is one op whichever kernel a device picks for it
+           **dict.fromkeys(("scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_flash_attention",
+                            "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention",
+                            "scaled_dot_product_fused_attention_overrideable"), "scaled_dot_product_attention")}
+IDENTITY = {"mul": 1, "div": 1, "true_divide": 1, "add": 0, "sub": 0, "pow": 1}
+SUFFIXES = ("_legit_no_training", "_legit_functional", "_legit", "_functional", "_backward")
+MERGES = frozenset({"cat", "stack", "concat", "concatenate"})
+
+
+def _primitives(recorder: "_Recorder", out) -> list[str]:
+    nodes = recorder.reaching([t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)])
+    merged = _merged_branches(nodes)
+    return [op for node in nodes if node not in merged for op in canonical(node, symbolic=True)]
+
+
+def named_composites(ops: list[str]) -> list[str]:
+    """`ops` with every run that is exactly a composite's decomposition named as the
+    composite (the longest first)."""
+    runs = _composite_runs()
+    out, i = [], 0
+    while i < len(ops):
+        for run, name in runs:
+            if tuple(ops[i:i + len(run)]) == run:
+                out.append(name)
+                i += len(run)
+                break
+        else:
+            out.append(ops[i])
+            i += 1
+    return out
+
+
+# What each composite is called with to learn its decomposition: (name, call on x of shape 4x8x6).
+COMPOSITES = (
+    ("gelu", lambda x: F.gelu(x)), ("gelu", lambda x: F.gelu(x, approximate="tanh")), ("silu", F.silu),
+    ("mish", F.mish), ("softplus", F.softplus), ("sigmoid", torch.sigmoid), ("hardswish", F.hardswish),
+    ("hardsigmoid", F.hardsigmoid), ("elu", F.elu), ("selu", F.selu), ("celu", F.celu),
+    ("leaky_relu", F.leaky_relu), ("log_sigmoid", F.logsigmoid), ("hardtanh", F.hardtanh), ("relu6", F.relu6),
+    ("softmax", lambda x: torch.softmax(x, -1)), ("log_softmax", lambda x: torch.log_softmax(x, -1)),
+    ("logsumexp", lambda x: torch.logsumexp(x, -1)), ("glu", lambda x: F.glu(x, -1)),
+    ("layer_norm", lambda x: F.layer_norm(x, (6,))),
+    ("layer_norm", lambda x: F.layer_norm(x, (6,), torch.ones(6), torch.zeros(6))),
+    ("group_norm", lambda x: F.group_norm(x, 2)),
+    ("group_norm", lambda x: F.group_norm(x, 2, torch.ones(8), torch.zeros(8))),
+    ("batch_norm", lambda x: F.batch_norm(x, torch.zeros(8), torch.ones(8))),
+    ("batch_norm", lambda x: F.batch_norm(x, torch.zeros(8), torch.ones(8), torch.ones(8), torch.zeros(8))),
+    ("instance_norm", lambda x: F.instance_norm(x)),
+)
+_COMPOSITE_NAMES = frozenset(name for name, _ in COMPOSITES)
+
+
+@functools.cache
+def _composite_runs() -> list[tuple[tuple[str, ...], str]]:
+    """Each composite's canonical decomposition, recorded once on the meta device, all the
+    way down (`1 / (1 + exp(-x)) * x`) and one level down (`sigmoid(x) * x`: SiLU as
+    KernelBench writes it); longest first."""
+    runs: dict[tuple[str, ...], str] = {}
+    for name, call in COMPOSITES:
+        for depth in ("all", "outer"):
+            recorder = _Recorder(decompose=depth)
+            try:
+                with torch.device("meta"):
+                    x = torch.empty(4, 8, 6)
+                    with torch.no_grad(), recorder:
+                        out = call(x)
+            except Exception:  # a composite this torch cannot run on meta: its ops stay as they are
+                continue
+            run = tuple(_primitives(recorder, out))
+            named = any(op in _COMPOSITE_NAMES for op in run)
+            if len(run) >= 3 or (named and len(run) == 2):  # two generic ops (`exp add`) are as often anything else
+                runs.setdefault(run, name)
+    return sorted(runs.items(), key=lambda item: -len(item[0]))
+
+
+def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=None) -> set:
+    """The nodes to leave out: a cat or stack itself and every input branch but the first,
+    where each branch is the same op sequence on its own part of the same tensors."""
+    names_of = names_of or functools.partial(canonical, symbolic=True)
+    merges = [node for node in nodes if _name(node) in MERGES and node.args
+              and isinstance(node.args[0], (list, tuple)) and len(node.args[0]) >= 2]
+    if not merges:  # most tasks: no ancestry to work out
+        return set()
+    order = {node: index for index, node in enumerate(nodes)}
+    ancestors: dict = {}
+    for node in nodes:
+        ancestors[node] = {node}.union(*(ancestors.get(arg, set()) for arg in inputs_of(node)))
+    merged: set = set()
+    for node in merges:
+        parts = node.args[0]
+        branches = [ancestors.get(part, set()) for part in parts]
+        own = [branch - set().union(*(other for j, other in enumerate(branches) if j != i))
+               for i, branch in enumerate(branches)]
+        sequences = {tuple(op for n in sorted(part, key=order.get) for op in names_of(n)) for part in own}
+        if len(sequences) == 1 and next(iter(sequences)):
+            merged |= {node, *set().union(*own[1:])}
+    return merged
+
+
+def _name(node) -> str:
+    """The op's name without overload, namespace, in-place or internal spellings."""
+    name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+    packet = getattr(getattr(node.target, "overloadpacket", None), "__name__", name)
+    name = packet.strip("_").removeprefix("native_")
+    # a device library's kernel for an op (on an H200, an eval batch norm at its own sizes
+    # read `cudnn_batch_norm` where the CPU runs `native_batch_norm`): the op
+    name = name.removeprefix("cudnn_").removeprefix("miopen_")
+    for suffix in SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name.rstrip("_")
+
+
+def canonical(node, symbolic: bool = False) -> list[str]:
+    """The op names one traced node stands for (none for layout and identity). `symbolic`
+    (a trace without values): selection ops are dropped too, since torch's decompositions
+    add them for edge cases a hand-written form leaves out; with values, a selection that
+    computes a composite is named as it (`_Equivalences`) and the rest is computation."""
+    name = _name(node)
+    if node.target is None or name in LAYOUT_ONLY or (symbolic and name in SELECTION) or _is_identity(name, node.args):
+        return []
+    if name in ("clamp", "clamp_min") and _scalar(node.args, 1) == 0 and _scalar(node.args, 2) is None:
+        return ["relu"]
+    if name == "pow" and _scalar(node.args, 1) == 2:
+        return ["mul"]
+    if not symbolic and name in NORMS:
+        return NORMS[name](node.args)
+    if name == "batch_norm" and _training(node.args):
+        # on meta too, where only the shapes say it: a task whose batch norm sees one sample
+        # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
+        return [_batch_statistics_norm(node.args[0])]
+    return [SAME_AS.get(op, op) for op in SPLIT.get(name, (name,))]
+
+
+def _scalar(args, index: int):
+    value = args[index] if len(args) > index else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _is_identity(name: str, args) -> bool:
+    if name not in IDENTITY or len(args) < 2:
+        return False
+    scalar = _scalar(args, 1)
+    return scalar is not None and scalar == IDENTITY[name]
+
+
+# -- normalisations: one name for each set of dimensions normalised over, whatever computes it ----
+
+def norm_name(ndim: int, dims: tuple[int, ...], groups: int = 0) -> str:
+    """`batch_norm` (every dimension but the channels'), `group_norm` (channels in `groups`),
+    `instance_norm` (the spatial dimensions of one channel), else `layer_norm` (trailing
+    dimensions: nn.LayerNorm, InstanceNorm1d, a norm over one row)."""
+    dims = tuple(sorted(d % ndim for d in dims))
+    if groups > 1:
+        return "group_norm"
+    if ndim >= 3 and dims == (0, *range(2, ndim)):
+        return "batch_norm"
+    if ndim >= 4 and dims == tuple(range(2, ndim)):
+        return "instance_norm"
+    return "layer_norm"
+
+
+def _affine(weight, bias) -> list[str]:
+    """A norm's own scale and shift, as the multiplication and addition a hand-written norm has."""
+    return (["mul"] if weight is not None else []) + (["add"] if bias is not None else [])
+
+
+def _ndim(node) -> int:
+    return node.value.dim() if node is not None and node.value is not None else 0
+
+
+def _layer_norm(args) -> list[str]:
+    ndim = _ndim(args[0])
+    return [norm_name(ndim, tuple(range(ndim - len(args[1]), ndim)))] + _affine(*(list(args[2:4]) + [None, None])[:2])
+
+
+def _group_norm(args) -> list[str]:
+    ndim, channels, groups = _ndim(args[0]), args[4], args[6]
+    name = norm_name(ndim, tuple(range(1 if groups == 1 else 2, ndim)) if groups in (1, channels) else (), groups
+                     if 1 < groups < channels else 0)
+    return [name] + _affine(args[1], args[2])
+
+
+def _batch_norm(args) -> list[str]:
+    """In eval mode a batch norm is a scale and a shift per channel (from its running
+    statistics): that is what it computes, and what a hand-written one reads as. Over a
+    batch of one sample it normalises each channel of that sample: an instance norm, which
+    F.instance_norm computes so (the samples' channels side by side, as one sample)."""
+    if not _training(args):
+        return ["mul", "add"]
+    return [_batch_statistics_norm(args[0])] + _affine(args[1], args[2])
+
+
+def _training(args) -> bool:
+    return args[5] if len(args) > 5 and isinstance(args[5], bool) else False
+
+
+def _batch_statistics_norm(node) -> str:
+    """The norm a batch norm on batch statistics computes of `node`, its input: an instance
+    norm where that input is F.instance_norm's own view, every (sample, channel) of a
+    contiguous tensor side by side as the channels of one sample; else a batch norm (a
+    batch norm of one sample viewed otherwise, `x.transpose(0, 1).reshape(1, C, -1)`, is
+    the batch norm of x)."""
+    ndim = _ndim(node)
+    base = node.args[0] if node.target is not None and _name(node) in ("view", "reshape") and node.args else None
+    instance = (isinstance(base, _Op) and base.value is not None and base.value.dim() == ndim >= 3
+                and base.value.is_contiguous() and tuple(node.value.shape) ==
+                (1, base.value.shape[0] * base.value.shape[1], *base.value.shape[2:]))
+    return norm_name(ndim, tuple(range(2, ndim)) if instance else (0, *range(2, ndim)))
+
+
+NORMS = {"layer_norm": _layer_norm, "group_norm": _group_norm, "batch_norm": _batch_norm}
+NORM_NAMES = frozenset({"batch_norm", "instance_norm", "layer_norm", "group_norm"})  # what norm_name calls a norm

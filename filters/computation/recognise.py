@@ -1,0 +1,372 @@
+"""What a value computes of earlier ones, found by comparing values: a composite of one
+earlier value (an activation, softmax, log-sum-exp, a norm in any written form), an affine
+map of one (one multiplication and one addition), a matrix product or a convolution of an
+earlier value and a weight. `_Recognisers` is the part of `_Equivalences`
+(filters/computation/equivalences.py) that asks these; the tests on tensors it asks them with
+follow it.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from filters.computation.names import canonical, norm_name
+from filters.computation.values import _apart, close
+
+WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
+ELEMENTWISE = (
+    ("relu", torch.relu), ("sigmoid", torch.sigmoid), ("tanh", torch.tanh), ("gelu", F.gelu),
+    ("gelu", lambda t: F.gelu(t, approximate="tanh")), ("silu", F.silu), ("mish", F.mish),
+    ("softplus", F.softplus), ("elu", F.elu), ("selu", F.selu), ("hardswish", F.hardswish),
+    ("hardsigmoid", F.hardsigmoid), ("log_sigmoid", F.logsigmoid), ("softsign", F.softsign),
+)
+CONTRACTION_ENDS = frozenset({"add", "sum", "mul", "cat"})  # what a GEMM written out ends in
+
+
+class TraceTooLong(ValueError):
+    """A reading with more to compare than a trace has time for (the task is untraced)."""
+
+
+# Contractions one reading may try (`_Equivalences._tested`); the most any of 512 benchmark
+# candidates tried is in docs/decontamination.md.
+CONTRACTION_TESTS = 20_000
+
+
+class _Recognisers:
+    """The recognisers of `_Equivalences` (a part of that class: they read its recorded ops,
+    values and what it named so far, and its `_window`, `_same` and `_sample`)."""
+
+    # -- composites of one earlier value ------------------------------------------------------
+
+    def _composite(self, op, window):
+        along = None
+        for node in (n for n in window if n.value.shape == op.value.shape):
+            name = self._elementwise(op, node)
+            if name is None:
+                along = _dim_tests(op.value.float()) if along is None else along
+                name = next((name for name, test in along if test(node.value.float())), None)
+            if name:
+                return (name,), [node]
+        return self._reduction(op, window)
+
+    def _elementwise(self, op, node) -> str | None:
+        target, source = self._sample(op), self._sample(node)
+        if node not in self.images:
+            self.images[node] = torch.stack([f(source) for _, f in ELEMENTWISE])
+        images = self.images[node]
+        scale = torch.maximum(images.abs().amax(dim=1), target.abs().max())
+        hits = ((images - target).abs().amax(dim=1) <= 2e-4 * scale).nonzero().flatten()
+        for hit in hits.tolist():
+            name, f = ELEMENTWISE[hit]
+            if close(f(node.value.float()), op.value):
+                return name
+        return self._piecewise_linear(op, node)
+
+    def _piecewise_linear(self, op, node) -> str | None:
+        """relu, leaky relu and the clamps (hardtanh, relu6), however they are written."""
+        target, source = self._sample(op), self._sample(node)
+        if not (close(source.clamp(target.min(), target.max()), target) or _leaky(source, target)):
+            return None
+        target, source = op.value.float(), node.value.float()
+        low, high = target.min(), target.max()
+        if low < high and close(source.clamp(low, high), target):
+            return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
+        return "leaky_relu" if _leaky(source, target) else None
+
+    def _reduction(self, op, window):
+        target = op.value.float()
+        for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1)):
+            source = node.value.float()
+            for dim in range(source.dim()):
+                keep = source.dim() == target.dim()
+                reduced = list(source.shape)
+                reduced[dim:dim + 1] = [1] if keep else []
+                if (tuple(reduced) == tuple(target.shape) and source.shape[dim] > 1
+                        and not _apart(*_end_fibres_reduced(source, target, dim))
+                        and close(torch.logsumexp(source, dim, keepdim=keep), target)):
+                    return ("logsumexp",), [node]
+        return None
+
+    # -- affine maps of one earlier value ----------------------------------------------------
+
+    def _affine(self, op, window):
+        """`op` is a * x + b of an earlier x, with a and b scalars or one per index of one
+        dimension, and at least two ops between: eval batch norm as scale and shift, scalar
+        arithmetic in several steps."""
+        if canonical(op) not in (["add"], ["mul"]):
+            return None
+        target = op.value.float()
+        for node in (n for n in window if n.value.shape == target.shape and n.index < op.index - 1):
+            between = self._private_between(op, node)
+            if between is None or len(between) < 1:
+                continue
+            source = node.value.float()
+            for dim in (None, *range(target.dim())):
+                fit = _fit_affine(source, target, dim)
+                if fit is not None:
+                    return fit, [node]
+        return None
+
+    def _between(self, op, source) -> set:
+        """The variable ops `op` reached `source` through."""
+        between, frontier = set(), list(self.inputs[op])
+        while frontier:
+            node = frontier.pop()
+            if node is source or node in between or not node.variable or node.target is None \
+                    or node.index < source.index:
+                continue
+            between.add(node)
+            frontier.extend(self.inputs[node])
+        return between
+
+    def _private_between(self, op, source) -> set | None:
+        """The variable ops between `source` and `op`, if nothing else reads them (folding
+        them into one affine map must not swallow a value something else also uses)."""
+        between, frontier = set(), list(self.inputs[op])
+        while frontier:
+            node = frontier.pop()
+            if node is source or node in between or not node.variable or node.target is None:
+                continue
+            if node.index < source.index or node in self.named:
+                return None  # `op` reads a variable value from before `source`, or one already named
+                # (affine maps of affine maps are chained in the sequence: `_chain_affine_maps`)
+            between.add(node)
+            frontier.extend(self.inputs[node])
+        inside = between | {op}
+        return between if all(self.users.get(node, set()) <= inside for node in between) else None
+
+    # -- contractions with a weight -------------------------------------------------------------
+
+    def _contraction(self, op, window):
+        name = canonical(op)
+        if op.value.dim() < 2 or (name and name[-1] in ("mm", "convolution")):
+            return None
+        weights = self._depends_on(op, 2)
+        if name and name[-1] in CONTRACTION_ENDS or not name:
+            found = self._matmul(op, window, weights)
+            if found:
+                return found
+        return self._convolution(op, window, weights) if op.value.dim() == 4 else None
+
+    def _tested(self) -> None:
+        """Count one contraction tried (a value against a weight, or a convolution's
+        settings): past CONTRACTION_TESTS in one reading, the task is untraced. A red team's
+        250 adds of 40 constant weights tried 1.2 million, and took 14 s to read."""
+        self.contraction_tests += 1
+        if self.contraction_tests > CONTRACTION_TESTS:
+            raise TraceTooLong(f"more than {CONTRACTION_TESTS} contractions to try")
+
+    def _depends_on(self, op, ndim: int) -> list:
+        """The constants (weights, and what is made of them) and model inputs `op` depends on
+        with at least `ndim` dimensions (exactly 1 for `ndim` 1: a bias): a product of two
+        inputs is a GEMM too."""
+        seen, frontier, found = set(), list(op.inputs) + list(op.leaves), []
+        while frontier:
+            node = frontier.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if (node.target is None or not node.variable) and isinstance(node.value, torch.Tensor) \
+                    and (node.value.dim() == 1 if ndim == 1 else node.value.dim() >= ndim):
+                found.append(node)
+            if node.target is not None and node.index >= op.index - WINDOW:
+                frontier.extend(node.inputs + node.leaves)
+        return found
+
+    def _matmul(self, op, window, weights):
+        target = op.value.float()
+        for node in (n for n in window if n.value.dim() >= 2):
+            a = node.value.float()
+            for weight in weights:
+                if weight is node:
+                    continue
+                w = weight.value.float()
+                for b in (w, w.mT):
+                    if a.shape[-1] != b.shape[-2] or _matmul_shape(a, b) != tuple(target.shape):
+                        continue
+                    self._tested()
+                    rows, columns = slice(0, 3), slice(0, 16)  # a corner first: a weight can be 8192 x 8192
+                    if close(a[..., :1, :] @ b[..., columns], target[..., :1, columns], 1e-3) \
+                            and close(a[..., rows, :] @ b, target[..., rows, :], 1e-3) \
+                            and close(a @ b, target, 1e-3):  # every row: a task can fake the corner alone
+                        return ("mm",), [node] + ([weight] if weight.variable else [])
+        return None
+
+    def _convolution(self, op, window, weights):
+        target = op.value.float()
+        for weight in (w for w in weights if w.value.dim() == 4 and w.value.shape[0] == target.shape[1]):
+            w = weight.value.float()
+            biases = [None] + [n.value.float() for n in self._depends_on(op, 1) if n.value.shape == (target.shape[1],)]
+            for node in (n for n in window if n.value.dim() == 4 and n.value.shape[0] == target.shape[0]):
+                x = node.value.float()
+                if x.shape[1] % w.shape[1]:
+                    continue
+                for stride, padding, dilation in _conv_settings(x, w, target):
+                    self._tested()
+                    groups = x.shape[1] // w.shape[1]
+                    if groups == 1 and not close(F.conv2d(x[:1], w[:1], None, stride, padding, dilation),
+                                                 target[:1, :1] - (target[:1, :1] - F.conv2d(
+                                                     x[:1], w[:1], None, stride, padding, dilation)).mean(), 1e-3):
+                        continue  # one output channel, up to its bias, rules most settings out
+                    for bias in biases:
+                        got = F.conv2d(x[:1], w, bias, stride, padding, dilation, groups)
+                        # then every sample: a task can convolve the first alone
+                        if close(got, target[:1], 1e-3) and close(F.conv2d(x, w, bias, stride, padding, dilation,
+                                                                           groups), target, 1e-3):
+                            return ("convolution",), [node]
+        return None
+
+
+def _dim_tests(target: torch.Tensor) -> list:
+    """(name, test of a source) for what `target` could be along its dimensions: softmax,
+    log-softmax, the normalisations. Asked of one fibre of the target first (sums to one,
+    mean 0 and variance up to 1), so that most ops have no test to run on their sources."""
+    tests = []
+    for dim in range(target.dim()):
+        if target.shape[dim] < 2:
+            continue
+        fibre = _fibre(target, (dim,))
+        if fibre.min() >= 0 and abs(float(fibre.sum()) - 1) < 1e-4 and _normalised(target, (dim,), 0, "softmax"):
+            tests.append(("softmax", lambda source, dim=dim: close(torch.softmax(source, dim), target)))
+        if abs(float(torch.logsumexp(fibre, 0))) < 1e-4 and _normalised(target, (dim,), 0, "log_softmax"):
+            tests.append(("log_softmax", lambda source, dim=dim: close(torch.log_softmax(source, dim), target)))
+    normalised = [(dims, groups) for dims, groups in _norm_dims(target)
+                  if _normalised(_group_view(target, groups) if groups else target, (2,) if groups else dims, 0, "norm")]
+    # a norm in g groups looks normalised in every count that divides g as well: the finest
+    # are tried (a red team's sign pattern looked normalised in all 120 of its counts)
+    grouped = sorted((found for found in normalised if found[1]), key=lambda found: -found[1])
+    for dims, groups in [found for found in normalised if not found[1]] + grouped[:GROUP_COUNTS_TRIED]:
+        tests.append((norm_name(target.dim(), dims, groups),
+                      lambda source, dims=dims, groups=groups: _is_norm_of(source, target, dims, groups)))
+    return tests
+
+
+def _leaky(source: torch.Tensor, target: torch.Tensor) -> bool:
+    negative = source < -1e-3
+    if not negative.any() or negative.all():
+        return False
+    slope = (target[negative] / source[negative]).median()
+    return bool(0 < slope < 1) and close(torch.where(source > 0, source, slope * source), target)
+
+
+def _fibre(target: torch.Tensor, dims) -> torch.Tensor:
+    """The values along `dims` at index 0 of every other dimension (a view: no copy)."""
+    return target[tuple(slice(None) if d in dims else 0 for d in range(target.dim()))]
+
+
+def _normalised(view: torch.Tensor, dims, _groups, kind: str) -> bool:
+    """What `kind` makes along `dims` holds of the first fibre, then of the whole: sums to
+    one (softmax), log-sum-exp zero (log-softmax), mean 0 and variance up to 1, under it by the eps (a norm)."""
+    if all(view.shape[d] == 1 for d in dims):
+        return False
+    for part in (_fibre(view, dims).unsqueeze(0), view):
+        along = tuple(range(1, part.dim())) if part is not view else dims
+        if kind == "softmax":
+            ok = part.min() >= 0 and (part.sum(along) - 1).abs().max() < 1e-4
+        elif kind == "log_softmax":
+            ok = torch.logsumexp(part, along).abs().max() < 1e-4 if len(along) == 1 else \
+                torch.logsumexp(part.flatten(1), 1).abs().max() < 1e-4
+        else:
+            mean, var = part.mean(along), part.var(along, unbiased=False)  # under 1 by the eps
+            ok = mean.abs().max() < 1e-3 and var.min() > 1e-3 and var.max() < 1 + 1e-2
+        if not ok:
+            return False
+    return True
+
+
+def _norm_dims(target: torch.Tensor):
+    """(dimensions, groups) a normalisation of a tensor of this shape could work along."""
+    ndim = target.dim()
+    for first in range(1, ndim):
+        yield tuple(range(first, ndim)), 0
+    if ndim >= 3:
+        yield (0, *range(2, ndim)), 0
+    if ndim >= 2:  # a group norm of features alone (after a Linear) has groups too
+        channels = target.shape[1]
+        for groups in range(2, channels):
+            if channels % groups == 0:
+                yield tuple(range(1, ndim)), groups
+
+
+def _group_view(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x.reshape(x.shape[0], groups, -1)
+
+
+GROUP_COUNTS_TRIED = 3
+MAX_EPS = 1e-2  # the largest eps a normalisation is taken to add to the variance
+
+
+def _is_norm_of(source: torch.Tensor, target: torch.Tensor, dims, groups) -> bool:
+    """`target` is `(source - mean) / sqrt(var + eps)` along `dims` (or in `groups`), for
+    one eps in [0, MAX_EPS] whatever it is (1e-5, 1e-6, 1e-12: every library and hand has
+    its own; on a small variance it decides the value). The eps is read off the fibre of
+    least variance, where it weighs most, and the whole is then checked with it."""
+    along = (2,) if groups else dims
+    view = _group_view(source, groups) if groups else source
+    mean, var = view.mean(along, keepdim=True), view.var(along, unbiased=False, keepdim=True)
+    reached = (_group_view(target, groups) if groups else target).var(along, unbiased=False, keepdim=True)
+    if reached.min() <= 0:
+        return False
+    least = int(var.reshape(-1).argmin())
+    eps = max(float(var.reshape(-1)[least] * (1 / reached.reshape(-1)[least] - 1)), 0.0)
+    return eps <= MAX_EPS and close(((view - mean) / torch.sqrt(var + eps)).reshape(source.shape), target, 2e-3)
+
+
+def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
+    """("mul", "add") when target = a * source + b, with a and b scalars (dim None) or one
+    per index along `dim`; the fitted a and b decide which of the two it needs. Fitted on a
+    corner of the tensors first (every index of `dim`, a few of each other dimension)."""
+    corner = tuple(slice(None) if d == dim else slice(0, 4) for d in range(source.dim()))
+    if _affine_fit(source[corner], target[corner], dim) is None:
+        return None
+    return _affine_fit(source, target, dim)
+
+
+def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
+    x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
+        (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
+    if x.shape[1] < 4:
+        return None
+    xm, ym = x.mean(1, keepdim=True), y.mean(1, keepdim=True)
+    var = ((x - xm) ** 2).mean(1, keepdim=True)
+    if (var < 1e-8).any():
+        return None
+    a = ((x - xm) * (y - ym)).mean(1, keepdim=True) / var
+    b = ym - a * xm
+    if not close(a * x + b, y):
+        return None
+    scaled, shifted = not close(a, torch.ones_like(a)), bool(b.abs().max() > 1e-4 * y.abs().max())
+    return ("mul",) * scaled + ("add",) * shifted or None
+
+
+def _end_fibres_reduced(source: torch.Tensor, target: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-sum-exp along `dim` of the first and the last fibre of `source`, and the two
+    elements of `target` they would be (`_reduction` rules most candidates out on these)."""
+    ends = [tuple(slice(None) if d == dim else end for d in range(source.dim())) for end in (0, -1)]
+    reduced = torch.stack([torch.logsumexp(source[index], 0) for index in ends])
+    kept = [tuple(i for d, i in enumerate(index) if d != dim or source.dim() == target.dim()) for index in ends]
+    return reduced, torch.stack([target[tuple(0 if isinstance(i, slice) else i for i in index)] for index in kept])
+
+
+def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """The shape of a @ b, or () when the batch dimensions do not broadcast (in Python:
+    torch.broadcast_shapes cost a third of a matrix product's recognition)."""
+    batch = []
+    for x, y in itertools.zip_longest(reversed(a.shape[:-2]), reversed(b.shape[:-2]), fillvalue=1):
+        if x != y and 1 not in (x, y):
+            return ()
+        batch.insert(0, y if x == 1 else x)
+    return (*batch, a.shape[-2], b.shape[-1])
+
+
+def _conv_settings(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor):
+    """(stride, padding, dilation) that give a convolution of x by w the target's size."""
+    for stride in (1, 2, 3, 4):
+        for padding in (0, 1, 2, 3):
+            for dilation in (1, 2, 3):
+                size = [(n + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+                        for n, k in zip(x.shape[2:], w.shape[2:])]
+                if tuple(size) == tuple(target.shape[2:]):
+                    yield stride, padding, dilation
