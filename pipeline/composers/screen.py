@@ -22,7 +22,7 @@ every check in the sandbox.
 
 The reference screen (`ReferenceScreen`) turns down a chain too close to a task of the run's
 reference benchmark (KernelBench) by decontamination's own score: its text, and its op
-sequence traced here at its small problem (filters/sandbox/harness.py, read). On the H200,
+sequence traced here at its small problem (filters/checks/harness.py, read). On the H200,
 16% of the ops6k recipe's candidates were rejected `kernelbench_similar` only after a
 worker had proved every other check on them (issue 48). Decontamination still decides, on
 the sandbox's trace at the accepted size on the checks' device.

@@ -355,7 +355,7 @@ def test_a_round_composed_in_one_call_holds_back_its_own_tuples(torch_catalog):
 
 
 def _traced_fingerprint(code: str, name: str):
-    from filters.sandbox.harness import read
+    from filters.checks.harness import read
     from filters.similarity.score import fingerprint
     return fingerprint(code, name, read(code, untrusted=False).graph)
 
