@@ -10,6 +10,7 @@
 #   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
 #   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
+#   bash tests/benchmarks/h200.sh reaudit [ROWS]                # ROWS random rows of the ops6k run re-audited by plain torch
 #   bash tests/benchmarks/h200.sh throughput NAME TREE WORKERS [N] [TASKS]  # N of TASKS through `opsynth validate`: accepted/h, where the time goes
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
 #   bash tests/benchmarks/h200.sh cudastart                     # what starting CUDA costs a child, alone and 2-16 at once
@@ -88,6 +89,14 @@ PY
     grep -E "catalog:|reference traced|round of" /tmp/ops6k/run.log | tail -40
     tar -czf "$OUT/ops6k-state.tar.gz" --exclude="*.tar.gz" /tmp/ops6k /tmp/opsynth-cache 2>/dev/null
     cp /tmp/ops6k/stats.json /tmp/ops6k/run.log "$OUT/" 2>/dev/null
+    exit 0
+fi
+if [ "$STAGE" = reaudit ]; then
+    # tests/benchmarks/gpu_reaudit.py over the ops6k run carried in .device-cache/ (see ops6k)
+    [ -d /tmp/ops6k/data ] || tar -xzf .device-cache/ops6k-state.tar.gz -C / || { echo "carry .device-cache/ops6k-state.tar.gz"; exit 1; }
+    start=$(date +%s.%N)
+    python3 -m tests.benchmarks.gpu_reaudit /tmp/ops6k --rows "${1:-200}" --processes 8 2>&1 | tail -60
+    echo "reaudit wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
     exit 0
 fi
 if [ "$STAGE" = report ]; then
