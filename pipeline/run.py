@@ -194,8 +194,10 @@ def plan_round(cfg: RunConfig, records: list, workers: int, next_index: int, top
     if top_up:
         log.info("%d accepted; top-up round %d of at most %d for the mix: %s", accepted, top_ups + 1, MAX_TOP_UPS,
                  ", ".join(f"{key} {-gap:+.1f}" for key, gap in gaps.items()))
+    # A cluster's runner spreads a round over workers opsynth does not count: its first round is full size
+    local = _runner(cfg.beam_args).endswith("DirectRunner")
     size = round_size(max(cfg.num_samples - accepted, 0), accepted, len(records), workers,
-                      cfg.max_candidates - next_index, top_up)
+                      cfg.max_candidates - next_index, top_up, FIRST_ROUND_PER_WORKER if local else ROUND_PER_WORKER)
     return "", size, bool(top_up)
 
 
@@ -275,18 +277,19 @@ def _external_id(code: str) -> str:
         return hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
-def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int, top_up: int = 0) -> int:
+def round_size(needed: int, accepted: int, decided: int, workers: int, remaining: int, top_up: int = 0,
+               first_per_worker: int = FIRST_ROUND_PER_WORKER) -> int:
     """Enough candidates to reach the target at the yield seen so far (a guess of 50% at
     first), or the `top_up` candidates the mix lacks, at least one batch for every worker,
     never past --max-candidates. At most ROUND_PER_WORKER a worker: a long run then keeps
     its work in staging round by round, and composes a round while its pool waits for a
-    few seconds, not for minutes. A run's first round is at most FIRST_ROUND_PER_WORKER a
+    few seconds, not for minutes. A run's first round is at most `first_per_worker` a
     worker: its first verdicts and rows come after composing that few (a first round of
     1,024 was composed and screened for 160 s on the H200 before any worker had a task),
     and the next round is sized by the yield it saw."""
     observed = accepted / decided if decided else 0.5
     size = math.ceil(max(needed / max(observed, MIN_YIELD), top_up) * 1.2)
-    most = (ROUND_PER_WORKER if decided else FIRST_ROUND_PER_WORKER) * workers
+    most = (ROUND_PER_WORKER if decided else first_per_worker) * workers
     return max(1, min(max(size, 2 * workers), most, remaining))
 
 
