@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import hashlib
 import itertools
 import math
@@ -152,9 +153,10 @@ class TemplateComposer:
         pool = _screening_pool({**self.arguments, "drawn": frozenset()}, self.screen_workers)
         chunk = max(1, len(jobs) // (4 * self.screen_workers))
         indexes = [job["index"] for job in jobs]
-        for verdicts in pool.map(_screened_by_composing, indexes, itertools.repeat(run_seed),
-                                 itertools.repeat(self.drawn), chunksize=chunk):
-            self.screened.update(verdicts)
+        with _one_thread_each():  # the pool's processes start at its first map
+            for verdicts in pool.map(_screened_by_composing, indexes, itertools.repeat(run_seed),
+                                     itertools.repeat(self.drawn), chunksize=chunk):
+                self.screened.update(verdicts)
 
     def compose(self, index: int, run_seed: int, drawn: frozenset[tuple[str, ...]] | None = None) -> Candidate:
         """Candidate `index` of the run seeded `run_seed`; `drawn`: the op tuples it draws
@@ -389,6 +391,26 @@ def _stop_screening() -> None:
         _pool = None
 
 
+@contextlib.contextmanager
+def _one_thread_each():
+    """The screening processes started meanwhile run their math libraries on one thread each:
+    one process a core, and torch.set_num_threads (in `_start_screening`) comes after numpy's
+    and OpenMP's thread pools are sized from the environment at import."""
+    saved = {name: os.environ.get(name) for name in ONE_THREAD}
+    os.environ.update(ONE_THREAD)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
 def _start_screening(arguments: dict) -> None:
     global _worker_composer
     torch.set_num_threads(1)  # one process per core
@@ -400,7 +422,10 @@ def _screened_by_composing(index: int, run_seed: int, drawn: frozenset) -> dict:
     """The screens' verdicts composing candidate `index` took (the process's cache's new entries)."""
     known = len(_worker_composer.screened)
     try:
-        _worker_composer.compose(index, run_seed, drawn)
+        chosen = _worker_composer.compose(index, run_seed, drawn)
+        # The serial pass draws on where a round's earlier candidate took this op tuple: the
+        # chains it would screen next are screened here too, beside the other processes.
+        _worker_composer.compose(index, run_seed, drawn | {chosen.ops})
     except CompositionFailed:
         pass
     return dict(itertools.islice(_worker_composer.screened.items(), known, None))
