@@ -28,6 +28,12 @@ def report(passed: bool, reason: str, record=None) -> None:
         _ACTIVE.record(passed, reason, record)
 
 
+def doing(what: str) -> None:
+    """What the run is doing now ("composing a round of 1024", "validating"): the quiet heartbeat says it."""
+    if _ACTIVE is not None:
+        _ACTIVE.doing = what
+
+
 def stop_requested() -> bool:
     """Whether the run in progress has what it asked for: the work still in flight is not needed."""
     return _ACTIVE is not None and _ACTIVE.done.is_set()
@@ -45,6 +51,7 @@ class Progress:
         self.stopped, self.done = threading.Event(), threading.Event()
         self.enough, self.kept = None, []
         self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.doing = "validating"
 
     def record(self, passed: bool, reason: str, record=None) -> None:
         with self.lock:
@@ -140,6 +147,6 @@ class Progress:
                 log.info("%s", self.line())
                 logged, quiet_since = now, time.monotonic()
             elif time.monotonic() - quiet_since >= self.heartbeat_s:
-                log.info("still validating, no new verdict for %.0f s: %s", time.monotonic() - quiet_since,
+                log.info("still %s, no new verdict for %.0f s: %s", self.doing, time.monotonic() - quiet_since,
                          self.line())
                 quiet_since = time.monotonic()

@@ -40,6 +40,7 @@ from pipeline.dedupe import traced_in_batches
 from pipeline.devices import beam_processes, default_workers, resolve_device, sandbox_options
 from pipeline.out_dir import copy_to_remote, log_to, output_dir
 from pipeline.planning import plan_jobs
+from pipeline import progress
 from pipeline.progress import Progress
 from pipeline.run_info import run_info
 from pipeline.sampling import (NoOpsSelected, held_back, mix_gaps, rows_complete, select_ops, steer_config,
@@ -355,8 +356,12 @@ def composed_round(setup: RunSetup, jobs: list[dict], prior: list[Candidate], pa
                                 drawn=frozenset(candidate.ops for candidate in prior if candidate.ops),
                                 reference=reference, similarity_threshold=cfg.similarity_threshold)
     began = time.monotonic()
-    with round_pipeline(cfg.beam_args, 1) as pipeline:
-        pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> compose | "Write" >> WriteRecords(str(path))
+    progress.doing(f"composing a round of {len(jobs)}")
+    try:
+        with round_pipeline(cfg.beam_args, 1) as pipeline:
+            pipeline | "Jobs" >> beam.Create(jobs) | "Compose" >> compose | "Write" >> WriteRecords(str(path))
+    finally:
+        progress.doing("validating")
     drop_write_leftovers(path)
     composed = read_jsonl(path)
     turned_down = counted(pipeline, f"{TURNED_DOWN}.kernelbench_similar")

@@ -77,3 +77,15 @@ def test_the_run_is_done_once_what_it_asked_for_is_accepted():
     assert status.done.is_set()
     status.sync(1, {}, [("a", None)])  # decontamination took one back: the run is not done after all
     assert not status.done.is_set()
+
+
+def test_a_quiet_composition_says_it_is_composing(caplog):
+    """While a round is composed no verdict can come: the heartbeat says so, not "validating"."""
+    from pipeline import progress
+
+    with caplog.at_level("INFO", logger="opsynth"), Progress(target=3, stream=io.StringIO(), log_every_s=0.1,
+                                                             heartbeat_s=0.3):
+        progress.doing("composing a round of 64")
+        time.sleep(0.8)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines and all(line.startswith("still composing a round of 64, no new verdict for") for line in lines)
