@@ -22,8 +22,9 @@ HERE = Path(__file__).parent
 GROUPS: list[tuple[str, list[tuple[str, str, str]]]] = [
     ("How many accepted an hour, and where the time goes", [
         ("bench_throughput", "a candidate folder through `opsynth validate`: accepted/h whole and steady, "
-                             "worker-s per check, the GPU gate, the bounds", "accepted/h, `opsynth validate` alone, H200; accepted/h, `opsynth validate`, "
-                             "this CPU; workers per GPU"),
+                             "worker-s per check, the GPU gate, the bounds",
+                             "accepted/h, `opsynth validate` alone, H200; accepted/h, `opsynth validate`, this CPU; "
+                             "workers per GPU"),
         ("bench_validate", "the warm worker pool against a fresh process per candidate",
                            "worker pool vs a fresh process per candidate"),
         ("bench_runners", "`opsynth run` in one Beam process against multi-process mode",
