@@ -70,7 +70,7 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
     it runs out of time is batched again; what it leaves after a task changed its process, or
     all of it when it failed, is traced one task per child. (Halving a failed batch until its
     culprit is alone measured half as fast on 2 cores: the culprit fails each half again,
-    BENCHMARKS.md.) Each round logs how far the trace is."""
+    BENCHMARKS.md, the reference trace.) Each round logs how far the trace is."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
     missing = [code for code, entry in found.items() if entry is None]

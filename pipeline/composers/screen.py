@@ -15,7 +15,7 @@ The checks screen (`checks_fault`) runs the sandbox's own value checks (the ones
 check's chosen size is held to: determinism, purity, input dependence, per-element movement,
 nothing dead) on the CPU at a task's small problem, timing and compiling left out.
 On the H200 they rejected 231 of 512 template candidates after each had cost a worker a CUDA
-start, a re-sizing search and its timing (BENCHMARKS.md, session 22); at the screen's
+start, a re-sizing search and its timing (docs/benchmarks-history.md, session 22); at the screen's
 size they find most of them in tens of ms. A chain that fails here might pass at its own size
 on the GPU: the screen only redraws, it is no verdict, and every emitted task still passes
 every check in the sandbox.
@@ -86,7 +86,7 @@ def checks_fault(code: str) -> str | None:
     filters/checks/measure/resize.py, small_problem) as 'stage/reason: detail', or None when they
     pass or cannot run here. On the H200's verdicts of 512 candidates, the numeric screen's
     size (every width kept) turned down 7 tasks the GPU accepted and cost 0.4 s a candidate
-    here; the small problem, 1 (BENCHMARKS.md, session 22)."""
+    here; the small problem, 1 (docs/benchmarks-history.md, session 22)."""
     return checks_fault_of(small_problem(code)[0])
 
 

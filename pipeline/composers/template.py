@@ -23,7 +23,7 @@ A run's later rounds pass the op tuples its earlier rounds drew (`drawn`), and a
 candidates, composed in order in one `compose_many`, hold back each other's: a draw that
 repeats one is drawn again, and kept only when no other chain fits. The layered sampling
 otherwise repeats itself as a run grows: in a 3,584-candidate run on the H200, 291 of the
-seventh round's 512 candidates were exact repeats (BENCHMARKS.md). Composition stays a
+seventh round's 512 candidates were exact repeats (docs/benchmarks-history.md). Composition stays a
 pure function of (run seed, index, earlier rounds, the round's earlier indexes), so a
 resumed run composes the same.
 """

@@ -6,7 +6,7 @@ and for the slow ones, what the small problem's reading left unspelled.
 RECORDS is a `bench_throughput --records` file (each accepted task's code as stored). A
 trace reads a task at a small problem first and stands there only where that reading leaves
 no named op unspelled (filters/checks/harness.py, `read`); else it reads the task again at
-its own sizes, which on the H200 took 5-20 s for a fifth of the accepted tasks (BENCHMARKS.md,
+its own sizes, which on the H200 took 5-20 s for a fifth of the accepted tasks (docs/benchmarks-history.md,
 session 20). Printed: the distribution of trace times, and per slow task its op sequence and
 the ops the small reading left unspelled (the reason it was read again).
 """
