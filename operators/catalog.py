@@ -1,6 +1,7 @@
 """The operator catalog: crawl sources, write one Parquet file, and cache it by versions."""
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import logging
@@ -33,8 +34,10 @@ CATALOG_SCHEMA = pa.schema([
 ])
 
 
-def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSpec], list[SkippedOp]]:
-    """Probe every op each source yields. An op seen twice (by signature, then with an
+def crawl(libraries: list[str], processes: int | None = None,
+          ops: list[str] | None = None) -> tuple[list[OpSpec], list[SkippedOp]]:
+    """Probe every op each source yields (with `ops`, fnmatch patterns of dotted names: only
+    the ops they match). An op seen twice (by signature, then with an
     OpInfo sample) keeps the first runnable result; a skip is replaced by a later success.
     With `processes` > 1 (default: one per core, at most MAX_PROCESSES), each library's
     source is split in that many parts (sources.source_shard), probed in parallel, and the
@@ -45,7 +48,7 @@ def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSp
         source_for(library)
     if processes <= 1:
         keyed = [(position, key, name, result) for position, library in enumerate(libraries)
-                 for key, name, result in _crawl_part(library, 0, 1)]
+                 for key, name, result in _crawl_part(library, 0, 1, ops)]
     else:
         parts = [(position, library, shard) for position, library in enumerate(libraries) for shard in range(processes)]
         # A Pool, not an executor: leaving its block (Ctrl-C included) terminates the processes
@@ -53,7 +56,7 @@ def crawl(libraries: list[str], processes: int | None = None) -> tuple[list[OpSp
         done: list = [None] * len(parts)
         with multiprocessing.get_context("spawn").Pool(processes) as pool:
             progress = _CrawlProgress(libraries, len(parts))
-            for index, part in pool.imap_unordered(_crawl_indexed, [(index, library, shard, processes) for index, (
+            for index, part in pool.imap_unordered(_crawl_indexed, [(index, library, shard, processes, ops) for index, (
                     _, library, shard) in enumerate(parts)]):
                 done[index] = part
                 progress.part_done()
@@ -91,12 +94,13 @@ class _CrawlProgress:
 
 
 def _crawl_indexed(job: tuple) -> tuple[int, list]:
-    index, library, shard, shards = job
-    return index, _crawl_part(library, shard, shards)
+    index, library, shard, shards, ops = job
+    return index, _crawl_part(library, shard, shards, ops)
 
 
-def _crawl_part(library: str, shard: int, shards: int) -> list[tuple[tuple, str, OpSpec | SkippedOp]]:
-    """(key, name, result) of every entry of one part of a library's source, probed."""
+def _crawl_part(library: str, shard: int, shards: int,
+                ops: list[str] | None = None) -> list[tuple[tuple, str, OpSpec | SkippedOp]]:
+    """(key, name, result) of every entry of one part of a library's source (that `ops` match), probed."""
     import torch
 
     from operators.sources import source_shard
@@ -106,7 +110,7 @@ def _crawl_part(library: str, shard: int, shards: int) -> list[tuple[tuple, str,
         warnings.simplefilter("ignore")
         for key, entry in source_shard(library, shard, shards):  # in the source's order
             name = entry[0] if isinstance(entry, tuple) else entry.name
-            if name in runnable:  # the merge keeps the first runnable result: a later one is not probed
+            if name in runnable or not wanted(name, ops):  # the merge keeps the first runnable result
                 continue
             result = _probe_entry(entry, name.split(".")[0] if isinstance(entry, tuple) else None)
             out.append((key, name, replace(result, source=library)))
@@ -151,22 +155,46 @@ def cache_key(libraries: list[str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def load_or_crawl(libraries: list[str], cache_dir: Path) -> tuple[Path, list[OpSpec]]:
+def load_or_crawl(libraries: list[str], cache_dir: Path, ops: list[str] | None = None) -> tuple[Path, list[OpSpec]]:
     """The catalog for these libraries at their installed versions, crawling only on a miss.
-    Each library is crawled and cached on its own, so a crawl killed after torch keeps torch."""
+    Each library is crawled and cached on its own, so a crawl killed after torch keeps torch.
+    With `ops` (--ops patterns), a library not cached whole is crawled for the ops they match
+    alone, and that part is cached apart: a first run narrowed to a few ops probes those, not
+    the minutes of a library's every op."""
     folder = Path(cache_dir) / "catalogs"
-    path = folder / f"catalog-{cache_key(libraries)}.parquet"
+    whole = folder / f"catalog-{cache_key(libraries)}.parquet"
+    if whole.exists():
+        return whole, read_catalog(whole)
+    parts = [_library_part(folder, library, ops) for library in libraries]
+    narrowed = any(narrow for _, narrow in parts)
+    path = whole.with_name(f"{whole.stem}-{ops_key(ops)}.parquet") if narrowed else whole
     if not path.exists():
-        parts = []
-        for library in libraries:
-            part = folder / f"library-{cache_key([library])}.parquet"
-            if not part.exists():
-                log.info("crawling %s (the first time for this version; cached in %s)", library, folder)
-                specs, skipped = crawl([library])
-                write_catalog(part, specs, skipped)
-            parts.append(part)
-        _merge(parts, path)
+        _merge([part for part, _ in parts], path)
     return path, read_catalog(path)
+
+
+def _library_part(folder: Path, library: str, ops: list[str] | None) -> tuple[Path, bool]:
+    """(a library's cached catalog, whether `ops` narrowed it): the whole library's where it
+    is cached or no `ops` narrow it, else the part `ops` match; crawled now if not cached."""
+    part = folder / f"library-{cache_key([library])}.parquet"
+    narrowed = bool(ops) and not part.exists()
+    if narrowed:
+        part = part.with_name(f"{part.stem}-{ops_key(ops)}.parquet")
+    if not part.exists():
+        log.info("crawling %s%s (the first time for this version; cached in %s)", library,
+                 f" for --ops {','.join(ops)}" if narrowed else "", folder)
+        specs, skipped = crawl([library], ops=ops if narrowed else None)
+        write_catalog(part, specs, skipped)
+    return part, narrowed
+
+
+def ops_key(ops: list[str] | None) -> str:
+    return hashlib.sha256(json.dumps(sorted(ops or [])).encode()).hexdigest()[:12]
+
+
+def wanted(name: str, ops: list[str] | None) -> bool:
+    """Whether --ops patterns (none: every op) match an op's dotted name, as select_ops matches them."""
+    return not ops or any(fnmatch.fnmatchcase(name, pattern) for pattern in ops)
 
 
 def _merge(parts: list[Path], path: Path) -> None:

@@ -80,7 +80,7 @@ def run(cfg: RunConfig) -> dict:
     log_to(out_dir / "run.log")
     llm = llm_settings(cfg)  # configuration problems surface before the (first-time, minutes-long) crawl
     reference = _load_reference(cfg)
-    _, catalog = load_or_crawl(cfg.libraries, Path(cfg.cache_dir))
+    _, catalog = load_or_crawl(cfg.libraries, Path(cfg.cache_dir), cfg.ops)
     try:
         catalog = select_ops(catalog, cfg.ops)
     except NoOpsSelected as error:

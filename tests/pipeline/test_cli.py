@@ -196,3 +196,21 @@ def test_beams_traceback_of_an_interrupt_or_a_full_disk_is_not_shown():
     assert not cli._drop_beam_noise(record(KeyboardInterrupt()))
     assert cli._drop_beam_noise(record(ValueError("a real bug")))
     assert cli._drop_beam_noise(record(full, name="opsynth"))  # our own lines stay
+
+
+def test_ops_narrow_a_first_crawl_to_the_ops_they_name(tmp_path):
+    """`opsynth run --ops` on an empty cache crawls the named ops alone (a whole library's
+    crawl takes minutes), keeps that narrow part apart from a whole library's, and runs."""
+    cache = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--library", "torch", "--ops",
+                           "torch.nn.Linear,torch.nn.functional.gelu", "--num-samples", "1", "--max-candidates", "1",
+                           "--workers", "1", "--out", str(tmp_path / "out"), "--cache-dir", str(cache)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "crawling torch for --ops torch.nn.Linear,torch.nn.functional.gelu" in done.stderr
+    assert "catalog: 2 runnable ops from torch" in done.stderr
+    parts = sorted(path.name for path in (cache / "catalogs").glob("library-*.parquet"))
+    assert len(parts) == 1 and parts[0].count("-") == 2  # the narrow part, never taken for the whole library's
+    from operators.catalog import read_catalog
+    assert sorted(spec.name for spec in read_catalog(cache / "catalogs" / parts[0])) == [
+        "torch.nn.Linear", "torch.nn.functional.gelu"]
