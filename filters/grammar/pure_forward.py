@@ -5,6 +5,13 @@ never asks how it runs (device, dtype, compiling). The functions forward does no
 (__init__, get_inputs, get_init_inputs) keep the rules that tell the checks' run from the
 trace's: no question of how the code runs, and no branch on tensor values. docs/sandbox.md
 says why each rule is there.
+
+The module stays over 600 lines, and `_FunctionPurity` near 400, on purpose: the rules are one
+walk over one function, and every rule reads the facts that walk gathers as it goes (which
+names hold tensors, config or the task's own objects, what was stored). Split by rule, each
+part would keep its own copy of those facts, and a rule that read a stale copy would let a
+write or a branch through: for a check that hostile code must not pass, one walk and one set
+of facts is the safer shape.
 """
 from __future__ import annotations
 
