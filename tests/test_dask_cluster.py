@@ -76,12 +76,15 @@ def test_a_run_on_a_dask_cluster_loses_and_repeats_nothing_when_a_worker_is_kill
     assert stats["composed"] == len(records)
     assert not list((out / ".staging").glob("beam-temp-*"))
 
-    # The same jobs on the DirectRunner (their verdicts are in the store now) give the same records.
+    # The same jobs on the DirectRunner (their verdicts are in the store now) give the same
+    # records. Its first round is smaller (on the local runner, FIRST_ROUND_PER_WORKER): it may
+    # stop sooner, with the first of the cluster's records.
     direct = subprocess.run(command[:command.index("--out") + 1] + [str(tmp_path / "direct")]
                             + command[command.index("--out") + 2:command.index("--")],
                             capture_output=True, text=True, timeout=600)
     assert direct.returncode == 0, direct.stderr[-3000:]
-    assert _decided(read_rounds(tmp_path / "direct" / ".staging")) == _decided(records)
+    local = _decided(read_rounds(tmp_path / "direct" / ".staging"))
+    assert local == _decided(records)[:len(local)] and sum(reason == "" for *_, reason in local) >= 4
 
 
 def _decided(records) -> list:
