@@ -170,9 +170,10 @@ def _is_module(name: str) -> bool:
 
 def op_key(name: str) -> str:
     """One name for an op however it is spelt: nn.ReLU, F.relu, torch.relu and x.relu() are
-    all `relu` (as the similarity score counts them); a layer of another library keeps its class name."""
+    all `relu` (as the similarity score counts them), nn.GroupNorm and F.group_norm both
+    `groupnorm`; a layer of another library keeps its class name."""
     leaf = name.rsplit(".", 1)[-1]
-    return leaf.lower().rstrip("_") if name.startswith(("torch.", "operator.")) else leaf
+    return leaf.lower().rstrip("_").replace("_", "") if name.startswith(("torch.", "operator.")) else leaf
 
 
 def op_family(name: str) -> str:

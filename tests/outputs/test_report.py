@@ -91,6 +91,16 @@ def test_a_reference_task_counts_the_ops_of_its_text():
     assert sorted(text_ops(task(body, sizes))) == ["torch.Tensor.transpose", "torch.matmul"]
 
 
+def test_one_op_spelt_as_a_layer_a_function_or_a_method_is_one_key():
+    from outputs.report import op_key
+    assert {op_key(name) for name in ("torch.nn.GroupNorm", "torch.nn.functional.group_norm")} == {"groupnorm"}
+    assert {op_key(name) for name in ("torch.nn.ReLU", "torch.nn.functional.relu", "torch.relu", "torch.Tensor.relu_")} \
+        == {"relu"}
+    assert {op_key(name) for name in ("torch.nn.ConvTranspose2d", "torch.nn.functional.conv_transpose2d")} \
+        == {"convtranspose2d"}
+    assert op_key("kornia.filters.GaussianBlur2d") == "GaussianBlur2d"
+
+
 def test_the_report_sets_the_dataset_beside_a_checkout(tmp_path, capsys):
     data, ref = dataset_folder(tmp_path / "data"), reference_checkout(tmp_path / "ref")
     code, out = report(capsys, data, "--against", ref, "--out", tmp_path / "report")

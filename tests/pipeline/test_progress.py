@@ -89,3 +89,17 @@ def test_a_quiet_composition_says_it_is_composing(caplog):
         time.sleep(0.8)
     lines = [r.getMessage() for r in caplog.records]
     assert lines and all(line.startswith("still composing a round of 64, no new verdict for") for line in lines)
+
+
+def test_the_eta_reads_the_recent_rate_not_the_set_up():
+    """A command that spent an hour setting up, then accepts 10 a second: the time left is
+    read from the 10 a second, while the rate shown stays the command's own (stats.json's)."""
+    status = Progress(target=1000, stream=io.StringIO(), started=time.monotonic() - 3600)
+    assert status.line().endswith("ETA -")
+    for _ in range(40):
+        status.record(True, "")
+        time.sleep(0.1)
+    rate, _, eta = status._figures()
+    hours, minutes, seconds = (int(part) for part in eta.split(":"))
+    assert rate * 3600 < 60  # 40 in an hour and 4 seconds
+    assert 60 <= hours * 3600 + minutes * 60 + seconds <= 200  # 960 left at about 10 a second
