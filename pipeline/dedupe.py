@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from filters.grammar import static_check
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
 from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, in_full,
-                                          load_reference, read_tasks, readings, with_graphs)
+                                          load_reference, read_tasks, readings, with_graphs, with_shipped)
 from filters.similarity.score import with_graph
 from filters.store import JsonStore
 
@@ -53,10 +53,19 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     return rows
 
 
-def traced_in_batches(reference: ReferenceSet, pool, cache_dir: str | Path, checks: dict | None = None) -> ReferenceSet:
+def traced_in_batches(reference: ReferenceSet, pool, cache_dir: str | Path, checks: dict | None = None,
+                      shipped: dict | None = None) -> ReferenceSet:
     """`reference` with each task's op sequence (filters.similarity.reference.traced, in batches)."""
-    codes = list(reference.codes)
-    return with_graphs(reference, in_full(codes, readings_in_batches(codes, pool, cache_dir), pool, cache_dir, checks))
+    return with_graphs(reference, reference_graphs(list(reference.codes), pool, cache_dir, checks, shipped))
+
+
+def reference_graphs(codes: list[str], pool, cache_dir: str | Path, checks: dict | None = None,
+                     shipped: dict | None = None) -> list[str | None]:
+    """Each reference task's op sequence: from the shipped table where it holds the task's code
+    (filters/similarity/kernelbench_readings.json, or `shipped`), else traced in batches and
+    read in full here."""
+    return with_shipped(codes, lambda todo: in_full(todo, readings_in_batches(todo, pool, cache_dir), pool, cache_dir,
+                                                    checks), shipped)
 
 
 def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[str | None]:

@@ -387,6 +387,117 @@ class _UnfoldConv2d(nn.Conv2d):
         return y + self.bias.reshape(1, -1, 1, 1) if self.bias is not None else y
 
 
+class _Conv1x1Linear(nn.Linear):
+    def forward(self, x):
+        image = x.reshape(-1, self.in_features, 1, 1)
+        y = torch.nn.functional.conv2d(image, self.weight[:, :, None, None], self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class _LinearConv2d(nn.Conv2d):
+    def forward(self, x):
+        if self.kernel_size != (1, 1) or self.stride != (1, 1) or self.padding not in ((0, 0), "valid") \
+                or self.groups != 1 or self.padding_mode != "zeros":
+            return super().forward(x)
+        y = torch.nn.functional.linear(x.permute(0, 2, 3, 1), self.weight[:, :, 0, 0], self.bias)
+        return y.permute(0, 3, 1, 2)
+
+
+def _pool_window(layer):
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)
+    kernel, stride, padding = pair(layer.kernel_size), pair(layer.stride or layer.kernel_size), pair(layer.padding)
+    return kernel, stride, padding
+
+
+def _pool_columns(layer, x, fill):
+    kernel, stride, padding = _pool_window(layer)
+    n, c, h, w = x.shape
+    out_h = (h + 2 * padding[0] - kernel[0]) // stride[0] + 1
+    out_w = (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    padded = torch.nn.functional.pad(x, (padding[1], padding[1], padding[0], padding[0]), value=fill)
+    columns = torch.nn.functional.unfold(padded, kernel, 1, 0, stride)
+    return columns.reshape(n, c, kernel[0] * kernel[1], out_h, out_w)
+
+
+class _UnfoldAvgPool2d(nn.AvgPool2d):
+    def forward(self, x):
+        if self.ceil_mode or not self.count_include_pad or self.divisor_override or x.dim() != 4:
+            return super().forward(x)
+        return _pool_columns(self, x, 0.0).mean(2)
+
+
+class _UnfoldMaxPool2d(nn.MaxPool2d):
+    def forward(self, x):
+        if self.ceil_mode or self.return_indices or self.dilation not in (1, (1, 1)) or x.dim() != 4:
+            return super().forward(x)
+        return _pool_columns(self, x, float("-inf")).amax(2)
+
+
+class _ConvAvgPool2d(nn.AvgPool2d):
+    def forward(self, x):
+        kernel, stride, padding = _pool_window(self)
+        if self.ceil_mode or not self.count_include_pad or self.divisor_override or x.dim() != 4:
+            return super().forward(x)
+        box = x.new_full((x.shape[1], 1, *kernel), 1.0 / (kernel[0] * kernel[1]))
+        return torch.nn.functional.conv2d(x, box, None, stride, padding, 1, x.shape[1])
+
+
+def _squares_moments(x, dims):
+    mean = x.mean(dim=dims, keepdim=True)
+    return mean, (x * x).mean(dim=dims, keepdim=True) - mean * mean
+
+
+class _SquaresLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        mean, var = _squares_moments(x, tuple(range(-len(self.normalized_shape), 0)))
+        y = (x - mean) * torch.rsqrt(var + self.eps)
+        return y * self.weight + self.bias if self.weight is not None and self.bias is not None else \
+            y * self.weight if self.weight is not None else y
+
+
+class _SquaresGroupNorm(nn.GroupNorm):
+    def forward(self, x):
+        grouped = x.reshape(x.shape[0], self.num_groups, -1)
+        mean, var = _squares_moments(grouped, (2,))
+        y = ((grouped - mean) * torch.rsqrt(var + self.eps)).reshape(x.shape)
+        if self.affine:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            y = y * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return y
+
+
+def _distributed_gelu(x, approximate="none"):
+    if approximate == "tanh":
+        inner = _math.sqrt(2 / _math.pi) * x + _math.sqrt(2 / _math.pi) * 0.044715 * x * x * x
+        return 0.5 * x + 0.5 * x * torch.tanh(inner)
+    return 0.5 * x + 0.5 * x * torch.erf(x * (1 / _math.sqrt(2)))
+
+
+def _log1p_softplus(x, beta=1.0, threshold=20.0):
+    return torch.where(x * beta > threshold, x, torch.log1p(torch.exp(x * beta)) / beta)
+
+
+def _closed_mish(x, inplace=False):
+    e = torch.exp(x)
+    return x * (e * e + 2 * e) / (e * e + 2 * e + 2)
+
+
+def _where_elu(x, alpha=1.0, inplace=False):
+    return torch.where(x > 0, x, alpha * torch.expm1(x))
+
+
+def _closed_selu(x, inplace=False):
+    return 1.0507009873554805 * torch.where(x > 0, x, 1.6732632423543772 * torch.expm1(x))
+
+
+def _softplus_log_sigmoid(x):
+    return -torch.nn.functional.softplus(-x)
+
+
+def _quotient_silu(x, inplace=False):
+    return x / (1 + torch.exp(-x))
+
+
 class _Written(nn.Module):
     def __init__(self, function, **settings):
         super().__init__()
@@ -418,10 +529,22 @@ FORMS = {
     "gemm_split_k": ({"matmul": "_split_k_matmul", "mm": "_split_k_matmul", "bmm": "_split_k_matmul"},
                      {"Linear": "_SplitKLinear"}),
     "conv_unfold": ({}, {"Conv2d": "_UnfoldConv2d"}),
+    # session 27: a linear map written with another family of linear operators, norms from
+    # other moments, products distributed over sums, activations in closed form
+    "gemm_conv1x1": ({}, {"Linear": "_Conv1x1Linear"}),
+    "conv1x1_linear": ({}, {"Conv2d": "_LinearConv2d"}),
+    "pool_unfold": ({}, {"AvgPool2d": "_UnfoldAvgPool2d", "MaxPool2d": "_UnfoldMaxPool2d"}),
+    "pool_conv": ({}, {"AvgPool2d": "_ConvAvgPool2d"}),
+    "norm_squares": ({}, {"LayerNorm": "_SquaresLayerNorm", "GroupNorm": "_SquaresGroupNorm"}),
+    "gelu_distributed": ({"gelu": "_distributed_gelu"}, {"GELU": "_distributed_gelu"}),
+    "closed_forms": ({"softplus": "_log1p_softplus", "mish": "_closed_mish", "elu": "_where_elu",
+                      "selu": "_closed_selu", "logsigmoid": "_softplus_log_sigmoid", "silu": "_quotient_silu"},
+                     {"Softplus": "_log1p_softplus", "Mish": "_closed_mish", "ELU": "_where_elu",
+                      "SELU": "_closed_selu", "LogSigmoid": "_softplus_log_sigmoid", "SiLU": "_quotient_silu"}),
 }
 # functional settings a module keeps as attributes, passed to the helper that replaces it
 MODULE_SETTINGS = {"LeakyReLU": ("negative_slope",), "Hardtanh": ("min_val", "max_val"), "GELU": ("approximate",),
-                   "Softmax": ("dim",)}
+                   "Softmax": ("dim",), "Softplus": ("beta", "threshold"), "ELU": ("alpha",)}
 FUNCTION_ROOTS = {"torch", "F", "nn"}
 
 
@@ -539,5 +662,17 @@ def all_at_once(code: str) -> str:
     return batch_twice(round_trip(rewritten))
 
 
+def new_at_once(code: str) -> str:
+    """Session 27's kinds that apply, at once, with a round trip, renamed."""
+    rewritten = renamed(code)
+    for kind in ("gemm_conv1x1", "conv1x1_linear", "pool_unfold", "norm_squares", "gelu_distributed", "closed_forms"):
+        try:
+            rewritten = FORM_KINDS[kind](rewritten)
+        except NotApplicable:
+            continue
+    return round_trip(rewritten)
+
+
 FORM_KINDS = {kind: _form(kind) for kind in FORMS}
-EQUIVALENTS = {**FORM_KINDS, "round_trip": round_trip, "batch_twice": batch_twice, "all_at_once": all_at_once}
+EQUIVALENTS = {**FORM_KINDS, "round_trip": round_trip, "batch_twice": batch_twice, "all_at_once": all_at_once,
+               "new_at_once": new_at_once}

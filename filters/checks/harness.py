@@ -274,5 +274,7 @@ def _generic_weights(model: torch.nn.Module) -> None:
             continue
         if name.endswith("running_var"):
             tensor.uniform_(0.5, 1.5)
-        elif name.endswith("running_mean") or float(tensor.std()) < 1e-6:
+        elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and tensor.dim() < 3):
+            # a constant kernel of three or more dimensions (a convolution's by 1 / k^2) makes
+            # nothing look like an identity: it is a pooling, and is read as one
             tensor.add_(torch.randn_like(tensor) * 0.2)

@@ -12,7 +12,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from filters.computation.names import canonical, norm_name
+from filters.computation.names import canonical, convolution_name, norm_name
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -49,7 +49,7 @@ class _Recognisers:
                 name = next((name for name, test in along if test(node.value.float())), None)
             if name:
                 return (name,), [node]
-        return self._reduction(op, window)
+        return self._reduction(op, window) or self._pool(op, window)
 
     def _elementwise(self, op, node) -> str | None:
         target, source = self._sample(op), self._sample(node)
@@ -87,6 +87,32 @@ class _Recognisers:
                         and not _apart(*_end_fibres_reduced(source, target, dim))
                         and close(torch.logsumexp(source, dim, keepdim=keep), target)):
                     return ("logsumexp",), [node]
+        return None
+
+    def _pool(self, op, window):
+        """`op` is an average or a maximum over windows of an earlier value's spatial
+        dimensions, whatever computes it: a pooling layer, unfold and a mean, a convolution by
+        a constant kernel one channel at a time. Named as the pooling layer (`avg_pool2d`), or
+        as the mean or maximum over those dimensions where one window covers them all (what
+        an adaptive pool to 1 and `x.mean((2, 3))` read as)."""
+        target = op.value
+        spatial = target.dim() - 2
+        if spatial not in (1, 2, 3) or not target.is_floating_point():
+            return None
+        # a pooling that keeps the size (stride 1, padded) is asked only of what can write one:
+        # every op of that shape would be asked otherwise
+        same_size = not POOL_ENDS.isdisjoint(canonical(op))
+        for node in (n for n in window if n.value.dim() == target.dim() and n.value.shape[:2] == target.shape[:2]
+                     and n.value.is_floating_point() and (same_size or n.value.shape[2:] != target.shape[2:])):
+            x = node.value
+            for kind, kernel, stride, padding in _pool_settings(x.shape[2:], target.shape[2:]):
+                self._tested()
+                if not close(_pooled(kind, x[:1, :1], kernel, stride, padding), target[:1, :1], 1e-4):
+                    continue  # one channel of one sample rules most settings out
+                if close(_pooled(kind, x, kernel, stride, padding), target, 1e-4):
+                    if all(n == 1 for n in target.shape[2:]) and not padding:
+                        return (("sum", "mul") if kind == "avg" else ("max",)), [node]
+                    return (f"{kind}_pool{spatial}d",), [node]
         return None
 
     # -- affine maps of one earlier value ----------------------------------------------------
@@ -215,8 +241,33 @@ class _Recognisers:
                         # then every sample: a task can convolve the first alone
                         if close(got, target[:1], 1e-3) and close(F.conv2d(x, w, bias, stride, padding, dilation,
                                                                            groups), target, 1e-3):
-                            return ("convolution",), [node]
+                            name = convolution_name(tuple(x.shape), tuple(w.shape), stride, padding, groups,
+                                                    bias is not None)
+                            return tuple(name), [node]
         return None
+
+
+POOL_ENDS = frozenset({"convolution", "sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})
+POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
+
+
+def _pool_settings(size, pooled):
+    """(kind, kernel, stride, padding) of a square average or maximum pooling that turns a
+    `size` image into a `pooled` one, the common ones first: a window as wide as its stride,
+    then a stride of 1 or 2, padded by at most half the window; and one window over the whole."""
+    if all(n == 1 for n in pooled) and len(set(size)) == 1:
+        yield from (("avg", size[0], size[0], 0), ("max", size[0], size[0], 0))
+    for kernel in POOL_KERNELS:
+        for stride in dict.fromkeys((kernel, 1, 2)):
+            for padding in range(kernel // 2 + 1):
+                if all((n + 2 * padding - kernel) // stride + 1 == m for n, m in zip(size, pooled)):
+                    yield from (("avg", kernel, stride, padding), ("max", kernel, stride, padding))
+
+
+def _pooled(kind: str, x: torch.Tensor, kernel: int, stride: int, padding: int) -> torch.Tensor:
+    pool = {("avg", 1): F.avg_pool1d, ("avg", 2): F.avg_pool2d, ("avg", 3): F.avg_pool3d,
+            ("max", 1): F.max_pool1d, ("max", 2): F.max_pool2d, ("max", 3): F.max_pool3d}[kind, x.dim() - 2]
+    return pool(x.float(), kernel, stride, padding)
 
 
 def _dim_tests(target: torch.Tensor) -> list:

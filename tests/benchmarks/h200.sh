@@ -10,6 +10,7 @@
 #   bash tests/benchmarks/h200.sh funnel TREE NAME [SECONDS] [TASKS]  # TASKS (.bench/cands) through `opsynth validate`, TREE's code
 #   bash tests/benchmarks/h200.sh proofs [CANDIDATES]           # the jail on CUDA, GPU determinism, the pool bench as root
 #   bash tests/benchmarks/h200.sh report [SECONDS]              # the ops6k run beside KernelBench L2 (validated here) and .kb/
+#   bash tests/benchmarks/h200.sh readings                      # KernelBench L1-L3's shipped readings, built here (pipeline.shipped_readings)
 #   bash tests/benchmarks/h200.sh reaudit [ROWS]                # ROWS random rows of the ops6k run re-audited by plain torch
 #   bash tests/benchmarks/h200.sh throughput NAME TREE WORKERS [N] [TASKS]  # N of TASKS through `opsynth validate`: accepted/h, where the time goes
 #   bash tests/benchmarks/h200.sh warmup [CANDIDATES] [WORKERS]  # what each GPU zygote warm-up level buys a child's compile
@@ -89,6 +90,16 @@ PY
     grep -E "catalog:|reference traced|round of" /tmp/ops6k/run.log | tail -40
     tar -czf "$OUT/ops6k-state.tar.gz" --exclude="*.tar.gz" /tmp/ops6k /tmp/opsynth-cache 2>/dev/null
     cp /tmp/ops6k/stats.json /tmp/ops6k/run.log "$OUT/" 2>/dev/null
+    exit 0
+fi
+if [ "$STAGE" = readings ]; then
+    # the table a run reads KernelBench from (filters/similarity/kernelbench_readings.json), built
+    # where every task can be read at its own sizes; written into this checkout too, so that a
+    # later stage of the same call uses it
+    start=$(date +%s.%N)
+    python3 -m pipeline.shipped_readings "$PWD/.kb/KernelBench" --levels 1 2 3 --device cuda 2>&1 | grep -v "^WARNING" | tail -6
+    echo "readings wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+    cp filters/similarity/kernelbench_readings.json "$OUT/"
     exit 0
 fi
 if [ "$STAGE" = reaudit ]; then

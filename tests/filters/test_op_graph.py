@@ -185,6 +185,52 @@ def test_a_convolution_as_unfold_and_a_matrix_product_is_a_convolution():
     assert ops(CONV, CONV) == ops(unfolded, CONV) == ["convolution"]
 
 
+POINTWISE, LINEAR_8 = nn.Conv2d(8, 12, 1), nn.Linear(8, 12)
+with torch.no_grad():
+    LINEAR_8.weight.copy_(POINTWISE.weight[:, :, 0, 0]), LINEAR_8.bias.copy_(POINTWISE.bias)
+
+
+@pytest.mark.parametrize("written, shape", [
+    (POINTWISE, (4, 8, 6, 5)),  # a 1x1 convolution mixes the channels of every pixel: a Linear of each
+    (lambda x: LINEAR_8(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2), (4, 8, 6, 5)),
+    (LINEAR_8, (4, 8)),
+    (lambda x: POINTWISE(x[:, :, None, None]).flatten(1), (4, 8)),  # a fully connected layer as a 1x1 convolution
+    (lambda x: F.conv2d(x.reshape(4, 2, 2, 2), POINTWISE.weight.reshape(12, 2, 2, 2), POINTWISE.bias).flatten(1),
+     (4, 8)),  # one window over the whole image: a Linear of the flattened image
+    (lambda x: (POINTWISE.weight.reshape(12, 8) @ F.unfold(x, 1)).reshape(4, 12, 6, 5)
+     + POINTWISE.bias[None, :, None, None], (4, 8, 6, 5)),
+])
+def test_a_linear_map_reads_as_one_whichever_family_of_linear_operators_writes_it(written, shape):
+    assert ops(written, POINTWISE, LINEAR_8, shape=shape) == ["mm", "add"]
+
+
+def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
+    assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution"]
+    assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
+
+
+BOX = torch.full((8, 1, 2, 2), 0.25)
+
+
+@pytest.mark.parametrize("name, layer, written", [
+    ("avg_pool2d", nn.AvgPool2d(2), lambda x: F.unfold(x, 2, stride=2).reshape(4, 8, 4, 5, 4).mean(2)),
+    ("avg_pool2d", nn.AvgPool2d(2), lambda x: F.conv2d(x, BOX, stride=2, groups=8)),
+    ("avg_pool2d", nn.AvgPool2d(3, 1, 1), lambda x: F.conv2d(x, torch.full((8, 1, 3, 3), 1 / 9), padding=1, groups=8)),
+    ("max_pool2d", nn.MaxPool2d(2), lambda x: F.unfold(x, 2, stride=2).reshape(4, 8, 4, 5, 4).amax(2)),
+    ("max_pool2d", nn.MaxPool2d(3, 2, 1),
+     lambda x: F.unfold(F.pad(x, (1, 1, 1, 1), value=float("-inf")), 3, stride=2).reshape(4, 8, 9, 5, 4).amax(2)),
+])
+def test_a_pooling_reads_as_one_however_its_windows_are_written(name, layer, written):
+    assert ops(layer, shape=(4, 8, 10, 8)) == ops(written, shape=(4, 8, 10, 8)) == [name]
+
+
+def test_one_window_over_the_whole_image_is_the_mean_or_maximum_over_it():
+    assert ops(nn.AvgPool2d((6, 6)), shape=(4, 8, 6, 6)) == ops(nn.AdaptiveAvgPool2d(1), shape=(4, 8, 6, 6)) \
+        == ops(lambda x: x.mean((2, 3), keepdim=True), shape=(4, 8, 6, 6)) == ["sum", "mul"]
+    assert ops(nn.MaxPool2d(6), shape=(4, 8, 6, 6)) == ops(lambda x: x.amax((2, 3), keepdim=True),
+                                                           shape=(4, 8, 6, 6)) == ["max"]
+
+
 def test_eval_batch_norm_is_a_scale_and_a_shift_however_written():
     by_hand = lambda x: (x - BN.running_mean[:, None, None]) / torch.sqrt(BN.running_var[:, None, None] + BN.eps) \
         * BN.weight[:, None, None] + BN.bias[:, None, None]  # noqa: E731
@@ -769,14 +815,19 @@ class Model(nn.Module):
         self.norm = nn.GroupNorm(2, 8)
         self.batch = nn.BatchNorm2d(8)
         self.act = nn.Sequential(nn.LeakyReLU(0.2), nn.Hardtanh(-2.0, 2.0))
+        self.point = nn.Conv2d(8, 8, 1)
+        self.pool = nn.AvgPool2d(2)
+        self.peak = nn.MaxPool2d(2, 1)
         self.linear = nn.Linear(8, 6)
         self.layer = nn.LayerNorm(6)
         self.weight = nn.Parameter(torch.randn(6, 6))
 
     def forward(self, x):
         y = self.act(self.batch(self.norm(torch.relu(self.conv(x)))))
-        y = F.hardswish(y).mean((2, 3))
+        y = self.peak(self.pool(F.elu(self.point(F.hardswish(y)))))
+        y = F.softplus(y).mean((2, 3))
         y = torch.tanh(self.layer(F.gelu(self.linear(y))))
+        y = F.mish(F.selu(F.silu(y))) * F.logsigmoid(y)
         return torch.softmax(torch.sigmoid(torch.matmul(y, self.weight)), dim=1)
 
 

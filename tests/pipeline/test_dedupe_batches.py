@@ -1,9 +1,13 @@
 """`opsynth dedupe` traces a batch of tasks per sandboxed child (filters/sandbox/trace_batch.py):
 the same op sequences as one task per child, and no task steers the trace of a later task
 of its batch."""
+from pathlib import Path
+
 from filters.similarity.reference import trace_all
 from pipeline.dedupe import trace_in_batches
 from tests.conftest import make_task
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference"
 
 FORWARDS = ("return torch.relu(x) * 2.0", "return torch.tanh(x).cumsum(-1)", "return torch.softmax(x, -1) + x",
             "return torch.sigmoid(x) * x", "return (x @ x.T).relu()")
@@ -51,3 +55,32 @@ def test_a_task_that_replaces_the_batch_guard_shares_no_child(pool, tmp_path):
     graphs = trace_in_batches([steering, *victims], pool, tmp_path / "graphs", batch=32)
     for graph in graphs[1:]:
         assert graph.split() == ["silu", "mul"], graph
+
+
+def test_a_reference_task_whose_code_the_shipped_table_holds_is_not_traced_again(pool, tmp_path):
+    """The shipped readings (filters/similarity/kernelbench_readings.json) stand for the code
+    they were read from, byte for byte: a task they hold is not traced, any other is."""
+    from filters.similarity.reference import code_digest, load_reference
+    from filters.similarity.score import with_graph
+    from pipeline.dedupe import traced_in_batches
+    reference = load_reference(str(FIXTURES), (2,))
+    marker = "sigmoid sigmoid sigmoid sigmoid"  # no fixture computes this
+    expected = with_graph(reference.fingerprints[0], marker).graph
+    shipped = {code_digest(reference.codes[0]): marker}
+    graphs = [fp.graph for fp in traced_in_batches(reference, pool, tmp_path / "graphs", shipped=shipped).fingerprints]
+    assert graphs[0] == expected
+    assert all(graph and graph != expected for graph in graphs[1:]), "the others are traced"
+    edited = traced_in_batches(reference, pool, tmp_path / "graphs",
+                               shipped={code_digest(reference.codes[0] + "\n"): marker})
+    assert expected not in [fp.graph for fp in edited.fingerprints]
+
+
+def test_the_shipped_readings_are_those_of_this_graph_version():
+    """A canonical form read otherwise (GRAPH_VERSION bumped) makes the shipped table stale:
+    ignored at run time (the reference is traced), and this test asks for a rebuild."""
+    import json
+
+    from filters.similarity.reference import GRAPH_VERSION, SHIPPED_READINGS, shipped_readings
+    table = json.loads(SHIPPED_READINGS.read_text())
+    assert table["graph_version"] == GRAPH_VERSION, "rebuild it: python -m pipeline.shipped_readings KERNELBENCH"
+    assert len(shipped_readings()) >= 250 and table["levels"] == [1, 2, 3]
