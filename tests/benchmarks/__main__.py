@@ -55,6 +55,8 @@ GROUPS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("bench_decontaminate", "screened matching against exact scoring of every pair (textual score)",
                                 "history"),
         ("bench_dedupe", "`opsynth dedupe` of N template tasks against KernelBench", "`opsynth dedupe`"),
+        ("bench_reference_trace", "the reference's cold trace (batches, then read in full), against a commit's",
+                                  "reference trace (KernelBench L1-L3, cold)"),
         ("bench_trace_tail", "why some accepted tasks take seconds to trace", "history"),
         ("bench_trace_batch_guard", "what a trace batch's guards (torch_state at both ends) cost", "history"),
         ("gpu_trace_check", "the trace on the checks' device: the attack, fairness on KernelBench and rows",
