@@ -165,7 +165,7 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         return NORMS[name](node.args)
     if name == "convolution" and len(node.args) >= 9:
         return convolution_name(_shape(node.args[0]), _shape(node.args[1]), node.args[3], node.args[4],
-                                node.args[8], node.args[2] is not None)
+                                node.args[8], node.args[2] is not None, transposed=bool(node.args[6]))
     if name == "batch_norm" and _training(node.args):
         # on meta too, where only the shapes say it: a task whose batch norm sees one sample
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
@@ -174,16 +174,18 @@ def canonical(node, symbolic: bool = False) -> list[str]:
 
 
 def convolution_name(image: tuple | None, kernel: tuple | None, stride, padding, groups: int,
-                     bias: bool) -> list[str]:
+                     bias: bool, transposed: bool = False) -> list[str]:
     """A convolution that mixes channels alone is a matrix product, and reads as the Linear it
     computes (`mm`, and `add` for its bias): a 1x1 kernel at stride 1 unpadded (a Linear over
     the channels of every pixel), or one window over the whole unpadded image (a Linear of the
-    flattened image). Any other is a `convolution`, its bias part of it."""
+    flattened image; not a transposed one, which paints a whole kernel from every pixel: a red
+    team's ConvTranspose2d(8, 8, 8) of an 8x8 image read as a Linear). Any other is a
+    `convolution`, its bias part of it."""
     if kernel is None or image is None or groups != 1 or any(_ints(padding)):
         return ["convolution"]
     spatial = kernel[2:]
     pointwise = all(k == 1 for k in spatial) and all(s == 1 for s in _ints(stride))
-    whole = tuple(spatial) == tuple(image[2:])
+    whole = tuple(spatial) == tuple(image[2:]) and not transposed
     return ["mm"] + (["add"] if bias else []) if pointwise or whole else ["convolution"]
 
 

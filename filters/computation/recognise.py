@@ -95,20 +95,25 @@ class _Recognisers:
         a constant kernel one channel at a time. Named as the pooling layer (`avg_pool2d`), or
         as the mean or maximum over those dimensions where one window covers them all (what
         an adaptive pool to 1 and `x.mean((2, 3))` read as)."""
-        target = op.value
+        target, name = op.value, canonical(op)
         spatial = target.dim() - 2
-        if spatial not in (1, 2, 3) or not target.is_floating_point():
+        # a matrix product writes no pooling (a Linear from a width to its half, over (batch,
+        # sequence, width) values, was asked every setting of every earlier value of its shape).
+        # A layout op may: F.avg_pool1d is a 2-D pooling of a view, and the view back reads it.
+        if spatial not in (1, 2, 3) or not target.is_floating_point() or "mm" in name:
             return None
         # a pooling that keeps the size (stride 1, padded) is asked only of what can write one:
         # every op of that shape would be asked otherwise
-        same_size = not POOL_ENDS.isdisjoint(canonical(op))
+        same_size = not POOL_ENDS.isdisjoint(name)
         for node in (n for n in window if n.value.dim() == target.dim() and n.value.shape[:2] == target.shape[:2]
                      and n.value.is_floating_point() and (same_size or n.value.shape[2:] != target.shape[2:])):
             x = node.value
             for kind, kernel, stride, padding in _pool_settings(x.shape[2:], target.shape[2:]):
-                self._tested()
+                # one channel of one sample rules most settings out, in microseconds: only what
+                # passes it counts against the contractions a reading may try
                 if not close(_pooled(kind, x[:1, :1], kernel, stride, padding), target[:1, :1], 1e-4):
-                    continue  # one channel of one sample rules most settings out
+                    continue
+                self._tested()
                 if close(_pooled(kind, x, kernel, stride, padding), target, 1e-4):
                     if all(n == 1 for n in target.shape[2:]) and not padding:
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
@@ -257,6 +262,11 @@ def _pool_settings(size, pooled):
     then a stride of 1 or 2, padded by at most half the window; and one window over the whole."""
     if all(n == 1 for n in pooled) and len(set(size)) == 1:
         yield from (("avg", size[0], size[0], 0), ("max", size[0], size[0], 0))
+    # windows side by side, of any width the sizes give (a red team's 11 x 11 average, written
+    # as a reshape and a mean, was past the widths tried below)
+    side = size[0] // pooled[0] if pooled[0] else 0
+    if side > POOL_KERNELS[-1] and all(n // side == m for n, m in zip(size, pooled)):
+        yield from (("avg", side, side, 0), ("max", side, side, 0))
     for kernel in POOL_KERNELS:
         for stride in dict.fromkeys((kernel, 1, 2)):
             for padding in range(kernel // 2 + 1):

@@ -224,6 +224,34 @@ def test_a_pooling_reads_as_one_however_its_windows_are_written(name, layer, wri
     assert ops(layer, shape=(4, 8, 10, 8)) == ops(written, shape=(4, 8, 10, 8)) == [name]
 
 
+def test_a_pooling_of_windows_wider_than_those_tried_side_by_side_reads_as_one():
+    """A red team's 11 x 11 average pooling written as a reshape and a mean (session 27)."""
+    written = lambda x: x.reshape(4, 8, 2, 11, 2, 11).mean((3, 5))  # noqa: E731
+    assert ops(nn.AvgPool2d(11), shape=(4, 8, 22, 22)) == ops(written, shape=(4, 8, 22, 22)) == ["avg_pool2d"]
+
+
+def test_a_transposed_convolution_over_the_whole_image_is_no_linear():
+    """It paints a whole kernel from every pixel: a red team's ConvTranspose2d(8, 8, 8) of an
+    8x8 image read `mm add`, as the Linear of a flattened image it is not."""
+    assert ops(nn.ConvTranspose2d(8, 8, 8), shape=(4, 8, 8, 8)) == ["convolution"]
+    assert ops(nn.ConvTranspose2d(8, 12, 1)) == ["mm", "add"]  # 1x1 at stride 1: a channel mix all the same
+
+
+def test_a_linear_from_a_width_to_its_half_is_not_asked_whether_it_pools(monkeypatch):
+    """Every setting of every earlier value of its shape was asked of such a Linear, and the
+    tries counted against the reading's CONTRACTION_TESTS: a long honest chain over (batch,
+    sequence, width) values could run out of them and be untraced. Here the budget is cut
+    to what the chain's own products need."""
+    import filters.computation.recognise as recognise
+    monkeypatch.setattr(recognise, "CONTRACTION_TESTS", BUDGET_FOR_FOUR_LINEARS)
+    halves = [nn.Linear(64 // 2 ** i, 64 // 2 ** (i + 1)) for i in range(4)]
+    chain = lambda x: halves[3](torch.tanh(halves[2](torch.tanh(halves[1](torch.tanh(halves[0](x)))))))  # noqa: E731
+    assert ops(chain, *halves, shape=(4, 6, 64)) == ["mm", "add", "tanh"] * 3 + ["mm", "add"]
+
+
+BUDGET_FOR_FOUR_LINEARS = 20  # their products try 14; asked whether they pool too, 40
+
+
 def test_one_window_over_the_whole_image_is_the_mean_or_maximum_over_it():
     assert ops(nn.AvgPool2d((6, 6)), shape=(4, 8, 6, 6)) == ops(nn.AdaptiveAvgPool2d(1), shape=(4, 8, 6, 6)) \
         == ops(lambda x: x.mean((2, 3), keepdim=True), shape=(4, 8, 6, 6)) == ["sum", "mul"]

@@ -12,6 +12,7 @@ from operators.catalog import crawl
 
 SEED_CHECK = textwrap.dedent("""
     import sys, torch
+    torch.set_num_threads(1)  # one thread's order of sums: how many the machine's load leaves is no property of a seed
     for path in sys.argv[1:]:
         namespace = {}
         exec(open(path).read(), namespace)
