@@ -29,18 +29,23 @@ TRACE_BATCH = 32  # tasks a child traces: a few seconds of work, well inside the
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
-                  out: Path, pool, cache_dir: str | Path) -> list[dict]:
+                  out: Path, pool, cache_dir: str | Path, shipped: dict | None = None) -> list[dict]:
     """Both sets are traced in the sandbox `pool` (cached under `cache_dir`), so that what
-    a task computes is compared, and read as text; dedupe inside the set is textual."""
+    a task computes is compared, and read as text; dedupe inside the set is textual. The
+    reference is read as a run reads it (the shipped table where it holds a task, on the CPU
+    at seed 0 otherwise), and the tasks likewise: a partial reading read again at the task's
+    own sizes, so that a copy of a reference task reads as the table does."""
     named = read_tasks(tasks)
     if not named:
         raise ReferenceSetError(f"{tasks} holds no tasks")
     reference = load_reference(against, levels)
     fingerprints, unparsable = fingerprint_all(named)
     codes = dict(named)
-    graphs = trace_in_batches(list(reference.codes) + [codes[fp.name] for fp in fingerprints], pool, cache_dir)
-    reference = with_graphs(reference, graphs[:len(reference.codes)])
-    computed = [with_graph(fp, graph) for fp, graph in zip(fingerprints, graphs[len(reference.codes):])]
+    checks = {"device": "cpu", "seed": 0}
+    reference = with_graphs(reference, reference_graphs(list(reference.codes), pool, cache_dir, checks, shipped))
+    candidates = [codes[fp.name] for fp in fingerprints]
+    graphs = in_full(candidates, readings_in_batches(candidates, pool, cache_dir), pool, cache_dir, checks)
+    computed = [with_graph(fp, graph) for fp, graph in zip(fingerprints, graphs)]
     matches = decontaminate(computed, SimilarityIndex(reference.fingerprints), threshold)
     duplicates = dedupe(fingerprints, dedupe_threshold)
     rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,

@@ -84,3 +84,68 @@ def test_the_shipped_readings_are_those_of_this_graph_version():
     table = json.loads(SHIPPED_READINGS.read_text())
     assert table["graph_version"] == GRAPH_VERSION, "rebuild it: python -m pipeline.shipped_readings KERNELBENCH"
     assert len(shipped_readings()) >= 250 and table["levels"] == [1, 2, 3]
+
+
+def test_dedupe_reads_the_reference_from_the_shipped_table(pool, tmp_path):
+    """`opsynth dedupe` against a stock KernelBench traces none of it: a task the table holds
+    is compared by the table's reading (here a marker that only the new task computes)."""
+    from filters.similarity.reference import code_digest, load_reference
+    from pipeline.dedupe import dedupe_report
+    reference = load_reference(str(FIXTURES), (2,))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "sigmoids.py").write_text(make_task("return x.sigmoid().sigmoid().sigmoid().sigmoid()"))
+    shipped = {code_digest(reference.codes[0]): "sigmoid sigmoid sigmoid sigmoid"}
+    rows = dedupe_report(str(tasks), str(FIXTURES), (2,), 0.9, 0.95, tmp_path / "d.parquet", pool,
+                         tmp_path / "cache", shipped=shipped)
+    assert rows[0]["nearest"] == reference.fingerprints[0].name and rows[0]["max_similarity"] > 0.9, rows
+
+
+PARTIAL_AT_THE_SMALL_PROBLEM = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        x = torch.logsumexp(self.linear(x), dim=1, keepdim=True)
+        return torch.nn.functional.gelu(torch.nn.functional.leaky_relu(x, negative_slope=0.01))
+
+
+batch_size = 16
+in_features = 64
+out_features = 8192
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]
+'''
+WRITTEN_OUT = ("h = x @ self.w.T + self.b\nh = h.logsumexp(1, keepdim=True)\nh = torch.where(h > 0, h, 0.01 * h)\n"
+               "return 0.5 * h * (1 + torch.erf(h / 2 ** 0.5))")
+
+
+def test_dedupe_reads_a_task_as_a_run_reads_it_where_the_small_problem_reads_part_of_it(pool, tmp_path):
+    """Over a width of 8,192 the log-sum-exp is positive and the activations after it are
+    identities; at the small problem they are not (the reading is partial). The table holds
+    such a reference task read at its own sizes, so a copy (written out: its text is unlike)
+    is read there too, not small."""
+    from filters.similarity.reference import code_digest
+    from pipeline.dedupe import dedupe_report
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "lse.py").write_text(PARTIAL_AT_THE_SMALL_PROBLEM)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "copy.py").write_text(make_task(
+        WRITTEN_OUT, init="self.w = nn.Parameter(torch.randn(features, 64) / 8)\nself.b = nn.Parameter(torch.zeros(features))",
+        inputs="[torch.randn(batch_size, 64)]", constants="batch_size = 16\nfeatures = 8192"))
+    rows = dedupe_report(str(tasks), str(tmp_path / "reference"), (2,), 0.9, 0.95, tmp_path / "d.parquet", pool,
+                         tmp_path / "cache", shipped={code_digest(PARTIAL_AT_THE_SMALL_PROBLEM): "mm add logsumexp"})
+    assert rows[0]["max_similarity"] > 0.99 and not rows[0]["kept"], rows
