@@ -262,6 +262,10 @@ def _built(code: str, device: str, seed: int = 0) -> tuple[torch.nn.Module, list
     return model, first_inputs(task, seed, torch.device(device))
 
 
+def _window_kernel(tensor: torch.Tensor) -> bool:
+    return tensor.dim() >= 3 and any(n > 1 for n in tensor.shape[2:])
+
+
 @torch.no_grad()
 def _generic_weights(model: torch.nn.Module) -> None:
     """Weights and inputs a value comparison cannot be fooled by: a norm's weight of ones, a
@@ -274,7 +278,8 @@ def _generic_weights(model: torch.nn.Module) -> None:
             continue
         if name.endswith("running_var"):
             tensor.uniform_(0.5, 1.5)
-        elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and tensor.dim() < 3):
-            # a constant kernel of three or more dimensions (a convolution's by 1 / k^2) makes
-            # nothing look like an identity: it is a pooling, and is read as one
+        elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and not _window_kernel(tensor)):
+            # a constant kernel with a window (a convolution's by 1 / k^2) makes nothing look
+            # like an identity: it is a pooling, and is read as one. A (1, C, 1, 1) scale of
+            # ones has no window: spread, or its multiplication read as nothing
             tensor.add_(torch.randn_like(tensor) * 0.2)

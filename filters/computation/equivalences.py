@@ -140,6 +140,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         merged = _merged_branches(nodes, lambda n: reads[n], self.names)
         names = {node: self.names(node) for node in nodes if node not in merged}
         _chain_affine_maps([node for node in nodes if node in names], reads, names)
+        _fold_into_products([node for node in nodes if node in names], reads, names)
         return [name for node in nodes if node in names for name in names[node]]
 
     def constant(self, outputs: list) -> bool:
@@ -297,3 +298,44 @@ def _affine_tail(names: list) -> list:
             break
         tail.insert(0, name)
     return tail
+
+
+FEATURE_MAPS = (("avg_pool1d",), ("sum",), ("sum", "mul"))  # linear maps of a value's last dimension
+
+
+def _fold_into_products(nodes: list, reads: dict, names: dict) -> None:
+    """An average pooling or a sum over a matrix product's output features, where nothing
+    else reads the product, is part of the product (`names` edited in place): P W reaches
+    every weight of its shape, so a Linear followed by one computes what a Linear to fewer
+    features does (a red team folded KernelBench's Matmul_AvgPool_GELU_Scale_Max into one
+    Linear with pooled weights, `mm add` beside `mm add avg_pool1d`). The product's own
+    affine tail (a bias, a scale) is walked through; its rows are the pooling's."""
+    users: dict = {}
+    for node in nodes:
+        for read in reads[node]:
+            users.setdefault(read, []).append(node)
+    for node in nodes:
+        if tuple(names[node]) not in FEATURE_MAPS or len(reads[node]) != 1:
+            continue
+        source = product = reads[node][0]
+        while (product in names and names[product] and set(names[product]) <= set(AFFINE)
+               and len(reads[product]) == 1 and len(users.get(product, [])) == 1):
+            product = reads[product][0]
+        if (product in names and names[product][:1] == ["mm"] and len(users.get(product, [])) == 1
+                and _over_features(source.value, node.value, names[node])):
+            names[node] = []
+
+
+def _over_features(source: torch.Tensor, mapped: torch.Tensor, name: list) -> bool:
+    """`mapped` keeps `source`'s rows and maps its last dimension: a pooling of it, or its
+    sum or mean (checked on the values: a sum over the rows of a square value keeps as many)."""
+    if source.dim() == 0 or mapped.dim() == 0:
+        return False
+    rows = source.numel() // max(source.shape[-1], 1)
+    if mapped.numel() % rows or mapped.numel() // rows >= source.shape[-1]:
+        return False
+    if name[0] != "sum":
+        return mapped.numel() // max(mapped.shape[-1], 1) == rows
+    total = source.reshape(rows, -1).float().sum(-1)
+    value = mapped.reshape(-1).float() if mapped.numel() == rows else None
+    return value is not None and (close(value, total) or close(value, total / source.shape[-1]))

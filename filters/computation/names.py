@@ -8,6 +8,7 @@ that composite (`named_composites`).
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 import torch.nn.functional as F
@@ -163,9 +164,14 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         return ["mul"]
     if not symbolic and name in NORMS:
         return NORMS[name](node.args)
+    if POOLING.match(name):
+        return [pooling_name(name, node.args)]
     if name == "convolution" and len(node.args) >= 9:
-        return convolution_name(_shape(node.args[0]), _shape(node.args[1]), node.args[3], node.args[4],
-                                node.args[8], node.args[2] is not None, transposed=bool(node.args[6]))
+        transposed = bool(node.args[6])
+        kernel, padding = (_shape(node.args[1]), node.args[4]) if transposed else \
+            zero_border_trimmed(getattr(node.args[1], "value", None), node.args[4], node.args[5])
+        return convolution_name(_shape(node.args[0]), kernel, node.args[3], padding, node.args[8],
+                                node.args[2] is not None, transposed=transposed)
     if name == "batch_norm" and _training(node.args):
         # on meta too, where only the shapes say it: a task whose batch norm sees one sample
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
@@ -187,6 +193,48 @@ def convolution_name(image: tuple | None, kernel: tuple | None, stride, padding,
     pointwise = all(k == 1 for k in spatial) and all(s == 1 for s in _ints(stride))
     whole = tuple(spatial) == tuple(image[2:]) and not transposed
     return ["mm"] + (["add"] if bias else []) if pointwise or whole else ["convolution"]
+
+
+def zero_border_trimmed(weight: torch.Tensor | None, padding, dilation) -> tuple[tuple | None, tuple]:
+    """(kernel shape, padding) of the same convolution with the kernel's zero border trimmed,
+    as deep on both sides of a dimension and no deeper than its padding: those taps read the
+    padding or multiply by zero (a red team's 1x1 kernel zero-padded to 3x3 with padding 1,
+    0.0 against KernelBench's conv_pointwise_2D). Shapes alone on the meta device."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() < 3:
+        return None, padding
+    shape = tuple(weight.shape)
+    if weight.is_meta:
+        return shape, padding
+    spatial = len(shape) - 2
+    pads = [*_ints(padding)] * (spatial if len(_ints(padding)) == 1 else 1)
+    spacing = [*_ints(dilation)] * (spatial if len(_ints(dilation)) == 1 else 1)
+    if isinstance(padding, str) or len(pads) != spatial or len(spacing) != spatial:
+        return shape, padding
+    kernel, taps = list(shape), weight.detach().ne(0)
+    for d in range(spatial):
+        used = taps.movedim(2 + d, 0).reshape(shape[2 + d], -1).any(1).nonzero().flatten()
+        if not len(used):
+            return shape, padding
+        depth = min(int(used[0]), shape[2 + d] - 1 - int(used[-1]), pads[d] // max(spacing[d], 1))
+        kernel[2 + d] -= 2 * depth
+        pads[d] -= depth * spacing[d]
+    return tuple(kernel), tuple(pads)
+
+
+POOLING = re.compile(r"(max|avg)_pool([123])d(_with_indices)?$")
+
+
+def pooling_name(name: str, args) -> str:
+    """A pooling is named by its kind and the dimensions its windows span, however torch runs
+    it: F.max_pool1d with a dilation runs `max_pool2d_with_indices` over a (1, k) window, which
+    is a 1-D pooling (KernelBench's Max_Pooling_1D read as the 2-D op's internal name)."""
+    kind, declared = POOLING.match(name).group(1, 2)
+    kernel = _ints(args[1]) if len(args) > 1 and args[1] is not None else ()
+    stride = _ints(args[2]) if len(args) > 2 and args[2] else kernel
+    if len(kernel) == 1:  # one number for every dimension
+        return f"{kind}_pool{declared}d"
+    spanned = sum(k > 1 or s > 1 for k, s in zip(kernel, stride))
+    return f"{kind}_pool{spanned or declared}d"
 
 
 def _ints(value) -> tuple:

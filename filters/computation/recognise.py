@@ -12,7 +12,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from filters.computation.names import canonical, convolution_name, norm_name
+from filters.computation.names import canonical, convolution_name, norm_name, zero_border_trimmed
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -92,10 +92,15 @@ class _Recognisers:
     def _pool(self, op, window):
         """`op` is an average or a maximum over windows of an earlier value's spatial
         dimensions, whatever computes it: a pooling layer, unfold and a mean, a convolution by
-        a constant kernel one channel at a time. Named as the pooling layer (`avg_pool2d`), or
-        as the mean or maximum over those dimensions where one window covers them all (what
-        an adaptive pool to 1 and `x.mean((2, 3))` read as)."""
-        target, name = op.value, canonical(op)
+        a constant kernel one channel at a time, slices of a padded value and their maximum (a
+        dilated window). Named as the pooling layer (`avg_pool2d`), or as the mean or maximum
+        over those dimensions where one window covers them all (what an adaptive pool to 1
+        and `x.mean((2, 3))` read as). A (rows, features) value is pooled along its features,
+        as F.max_pool1d of `x.unsqueeze(1)` is (a red team wrote it `x.view(B, F // 2, 2).amax(-1)`)."""
+        name = canonical(op)
+        flat = op.value.dim() == 2
+        image = (lambda value: value[:, None]) if flat else (lambda value: value)
+        target = image(op.value)
         spatial = target.dim() - 2
         # a matrix product writes no pooling (a Linear from a width to its half, over (batch,
         # sequence, width) values, was asked every setting of every earlier value of its shape).
@@ -105,16 +110,17 @@ class _Recognisers:
         # a pooling that keeps the size (stride 1, padded) is asked only of what can write one:
         # every op of that shape would be asked otherwise
         same_size = not POOL_ENDS.isdisjoint(name)
-        for node in (n for n in window if n.value.dim() == target.dim() and n.value.shape[:2] == target.shape[:2]
-                     and n.value.is_floating_point() and (same_size or n.value.shape[2:] != target.shape[2:])):
-            x = node.value
-            for kind, kernel, stride, padding in _pool_settings(x.shape[2:], target.shape[2:]):
+        for node in (n for n in window if n.value.dim() == op.value.dim() and n.value.is_floating_point()
+                     and image(n.value).shape[:2] == target.shape[:2]
+                     and (same_size or image(n.value).shape[2:] != target.shape[2:])):
+            x = image(node.value)
+            for kind, kernel, stride, padding, dilation in _pool_settings(x.shape[2:], target.shape[2:]):
                 # one channel of one sample rules most settings out, in microseconds: only what
                 # passes it counts against the contractions a reading may try
-                if not close(_pooled(kind, x[:1, :1], kernel, stride, padding), target[:1, :1], 1e-4):
+                if not close(_pooled(kind, x[:1, :1], kernel, stride, padding, dilation), target[:1, :1], 1e-4):
                     continue
                 self._tested()
-                if close(_pooled(kind, x, kernel, stride, padding), target, 1e-4):
+                if close(_pooled(kind, x, kernel, stride, padding, dilation), target, 1e-4):
                     if all(n == 1 for n in target.shape[2:]) and not padding:
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
                     return (f"{kind}_pool{spatial}d",), [node]
@@ -246,8 +252,8 @@ class _Recognisers:
                         # then every sample: a task can convolve the first alone
                         if close(got, target[:1], 1e-3) and close(F.conv2d(x, w, bias, stride, padding, dilation,
                                                                            groups), target, 1e-3):
-                            name = convolution_name(tuple(x.shape), tuple(w.shape), stride, padding, groups,
-                                                    bias is not None)
+                            kernel, trimmed = zero_border_trimmed(w, padding, dilation)
+                            name = convolution_name(tuple(x.shape), kernel, stride, trimmed, groups, bias is not None)
                             return tuple(name), [node]
         return None
 
@@ -256,28 +262,37 @@ POOL_ENDS = frozenset({"convolution", "sum", "max", "avg_pool1d", "avg_pool2d", 
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
 
 
+POOL_DILATIONS = (2, 3)  # a maximum's spaced windows tried (KernelBench's: 2 and 3)
+
+
 def _pool_settings(size, pooled):
-    """(kind, kernel, stride, padding) of a square average or maximum pooling that turns a
-    `size` image into a `pooled` one, the common ones first: a window as wide as its stride,
-    then a stride of 1 or 2, padded by at most half the window; and one window over the whole."""
+    """(kind, kernel, stride, padding, dilation) of a square average or maximum pooling that
+    turns a `size` image into a `pooled` one, the common ones first: a window as wide as its
+    stride, then a stride of 1 or 2, padded by at most half the window, then a maximum's
+    spaced windows; and one window over the whole."""
     if all(n == 1 for n in pooled) and len(set(size)) == 1:
-        yield from (("avg", size[0], size[0], 0), ("max", size[0], size[0], 0))
+        yield from (("avg", size[0], size[0], 0, 1), ("max", size[0], size[0], 0, 1))
     # windows side by side, of any width the sizes give (a red team's 11 x 11 average, written
     # as a reshape and a mean, was past the widths tried below)
     side = size[0] // pooled[0] if pooled[0] else 0
     if side > POOL_KERNELS[-1] and all(n // side == m for n, m in zip(size, pooled)):
-        yield from (("avg", side, side, 0), ("max", side, side, 0))
-    for kernel in POOL_KERNELS:
-        for stride in dict.fromkeys((kernel, 1, 2)):
-            for padding in range(kernel // 2 + 1):
-                if all((n + 2 * padding - kernel) // stride + 1 == m for n, m in zip(size, pooled)):
-                    yield from (("avg", kernel, stride, padding), ("max", kernel, stride, padding))
+        yield from (("avg", side, side, 0, 1), ("max", side, side, 0, 1))
+    for dilation in (1, *POOL_DILATIONS):
+        for kernel in POOL_KERNELS:
+            for stride in dict.fromkeys((kernel, 1, 2)):
+                for padding in range(kernel // 2 + 1):
+                    span = dilation * (kernel - 1) + 1
+                    if all((n + 2 * padding - span) // stride + 1 == m for n, m in zip(size, pooled)):
+                        kinds = ("avg", "max") if dilation == 1 else ("max",)  # an average has no dilation
+                        yield from ((kind, kernel, stride, padding, dilation) for kind in kinds)
 
 
-def _pooled(kind: str, x: torch.Tensor, kernel: int, stride: int, padding: int) -> torch.Tensor:
-    pool = {("avg", 1): F.avg_pool1d, ("avg", 2): F.avg_pool2d, ("avg", 3): F.avg_pool3d,
-            ("max", 1): F.max_pool1d, ("max", 2): F.max_pool2d, ("max", 3): F.max_pool3d}[kind, x.dim() - 2]
-    return pool(x.float(), kernel, stride, padding)
+def _pooled(kind: str, x: torch.Tensor, kernel: int, stride: int, padding: int, dilation: int = 1) -> torch.Tensor:
+    if kind == "avg":
+        pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[x.dim() - 2]
+        return pool(x.float(), kernel, stride, padding)
+    pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[x.dim() - 2]
+    return pool(x.float(), kernel, stride, padding, dilation)
 
 
 def _dim_tests(target: torch.Tensor) -> list:

@@ -52,6 +52,8 @@ GROUPS: list[tuple[str, list[tuple[str, str, str]]]] = [
         ("bench_disguise", "KernelBench copies disguised or rewritten, caught per kind; false positives; "
                            "matching speed", "decontamination: disguised copies caught, per rewrite kind; "
                            "decontamination: false positives; decontamination: matching speed"),
+        ("bench_fairness", "KernelBench level 2's 4,950 pairs above the threshold, from the shipped readings, "
+                           "against a commit's", "decontamination: false positives"),
         ("bench_decontaminate", "screened matching against exact scoring of every pair (textual score)",
                                 "history"),
         ("bench_dedupe", "`opsynth dedupe` of N template tasks against KernelBench", "`opsynth dedupe`"),

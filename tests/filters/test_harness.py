@@ -609,3 +609,13 @@ def test_where_the_precise_measure_moves_the_size_the_checks_between_run_again_t
     assert t.code != code and t.metrics["resized"] and t.metrics["batch_size"] > 64
     assert t.metrics["determinism_max_diff"] == 0.0 and t.metrics["input_sensitivity"] > 0  # measured again
     assert t.metrics["dead_parameters"] == 0 and t.metrics["redundant_ops"] == 0
+
+
+def test_a_per_channel_scale_of_ones_is_read_as_the_multiplication_it_is():
+    """A uniform kernel with a window is a pooling and keeps its value in the generic reading;
+    a (1, C, 1, 1) scale of ones has no window and is spread, or its product with the
+    convolution reads as nothing (a learnable scale a kernel must still apply)."""
+    task = make_task("return self.conv(x) * self.scale",
+                     init="self.conv = nn.Conv2d(4, 8, 3)\nself.scale = nn.Parameter(torch.ones(1, 8, 1, 1))",
+                     inputs="[torch.rand(batch_size, 4, 10, 10)]", constants="batch_size = 4")
+    assert harness.trace(task).split() == ["convolution", "mul"]

@@ -204,6 +204,21 @@ def test_a_linear_map_reads_as_one_whichever_family_of_linear_operators_writes_i
     assert ops(written, POINTWISE, LINEAR_8, shape=shape) == ["mm", "add"]
 
 
+def test_a_pointwise_kernel_zero_padded_to_a_window_is_still_a_linear_map():
+    """A red team's 1x1 kernel inside a 3x3 of zeros with padding 1 (session 27: 0.0 against
+    KernelBench's conv_pointwise_2D): the border taps read the padding or multiply by zero."""
+    padded = nn.Conv2d(8, 12, 3, padding=1)
+    with torch.no_grad():
+        padded.weight.zero_()
+        padded.weight[:, :, 1, 1] = POINTWISE.weight[:, :, 0, 0]
+        padded.bias.copy_(POINTWISE.bias)
+    assert ops(padded, shape=(4, 8, 6, 5)) == ops(POINTWISE, shape=(4, 8, 6, 5)) == ["mm", "add"]
+    off_centre = nn.Conv2d(8, 12, 3, padding=1)
+    with torch.no_grad():
+        off_centre.weight[:, :, :, 2] = 0  # a shift: not the same map
+    assert ops(off_centre, shape=(4, 8, 6, 5)) == ["convolution"]
+
+
 def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
     assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution"]
     assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
@@ -228,6 +243,64 @@ def test_a_pooling_of_windows_wider_than_those_tried_side_by_side_reads_as_one()
     """A red team's 11 x 11 average pooling written as a reshape and a mean (session 27)."""
     written = lambda x: x.reshape(4, 8, 2, 11, 2, 11).mean((3, 5))  # noqa: E731
     assert ops(nn.AvgPool2d(11), shape=(4, 8, 22, 22)) == ops(written, shape=(4, 8, 22, 22)) == ["avg_pool2d"]
+
+
+def _spaced_maximum(kernel: int, stride: int, padding: int, dilation: int):
+    """A dilated max pooling written out: slices of the padded value, and their maximum."""
+    def pooled(x):
+        padded = F.pad(x, (padding, padding), value=float("-inf"))
+        count = (x.shape[-1] + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+        return torch.stack([padded[..., i * dilation:i * dilation + (count - 1) * stride + 1:stride]
+                            for i in range(kernel)]).amax(0)
+    return pooled
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation", [(8, 1, 4, 3), (4, 1, 2, 2), (3, 2, 1, 2)])
+def test_a_dilated_maximum_reads_as_the_pooling_layer_however_written(kernel, stride, padding, dilation):
+    """F.max_pool1d with a dilation runs torch's `max_pool2d_with_indices` on a (1, k) window: a
+    1-D pooling all the same, and a red team's slices of the padded value read as one (session 27:
+    0.0 against KernelBench's Max_Pooling_1D)."""
+    layer = nn.MaxPool1d(kernel, stride, padding, dilation)
+    assert ops(layer, shape=(4, 8, 40)) == ops(_spaced_maximum(kernel, stride, padding, dilation),
+                                               shape=(4, 8, 40)) == ["max_pool1d"]
+    assert ops(nn.MaxPool2d((1, 3)), shape=(4, 8, 9, 9)) == ["max_pool1d"]  # windows along one dimension
+
+
+FEATURES = nn.Linear(8, 16)
+POOLED_FEATURES = nn.Linear(8, 4)  # FEATURES' weights averaged four rows at a time
+with torch.no_grad():
+    POOLED_FEATURES.weight.copy_(FEATURES.weight.reshape(4, 4, 8).mean(1))
+    POOLED_FEATURES.bias.copy_(FEATURES.bias.reshape(4, 4).mean(1))
+
+
+@pytest.mark.parametrize("written", [
+    lambda x: F.max_pool1d(x.unsqueeze(1), 2).squeeze(1),
+    lambda x: x.view(4, 8, 2).amax(-1),  # a red team's (session 27: 0.8 against Matmul_MaxPool_Sum_Scale)
+    lambda x: x.reshape(4, -1, 2).max(-1).values,
+])
+def test_a_pooling_of_each_rows_features_reads_as_one_however_written(written):
+    assert ops(lambda x: written(torch.tanh(x)), shape=(4, 16)) == ["tanh", "max_pool1d"]
+
+
+@pytest.mark.parametrize("written", [
+    lambda x: F.gelu(nn.functional.avg_pool1d(FEATURES(x).unsqueeze(1), 4).squeeze(1)),
+    lambda x: F.gelu(FEATURES(x).view(4, 4, 4).mean(-1)),
+    lambda x: F.gelu(POOLED_FEATURES(x)),  # the pooling folded into the weights
+])
+def test_a_linear_map_of_a_products_features_is_part_of_the_product(written):
+    """P W reaches every weight of its shape: a Linear followed by an average pooling of its
+    features is a Linear to fewer features (a red team folded KernelBench's
+    Matmul_AvgPool_GELU_Scale_Max so, 0.889 against it in session 27)."""
+    assert ops(written, FEATURES, POOLED_FEATURES, shape=(4, 8)) == ["mm", "add", "gelu"]
+
+
+def test_a_map_of_a_products_rows_or_of_a_product_read_elsewhere_stays():
+    assert ops(lambda x: FEATURES(x).sum(0), FEATURES, shape=(4, 8)) == ["mm", "add", "sum"]  # over the batch
+    assert ops(lambda x: FEATURES(x).sum(-1), FEATURES, shape=(4, 8)) == ["mm", "add"]  # a Linear to one feature
+    both = lambda h: torch.cat([h, F.avg_pool1d(h[:, None], 4)[:, 0]], 1)  # noqa: E731  the product read twice
+    assert "avg_pool1d" in ops(lambda x: both(FEATURES(x)), FEATURES, shape=(4, 8))
+    assert ops(lambda x: F.max_pool1d(FEATURES(x)[:, None], 4)[:, 0], FEATURES, shape=(4, 8)) \
+        == ["mm", "add", "max_pool1d"]  # a maximum is no linear map
 
 
 def test_a_transposed_convolution_over_the_whole_image_is_no_linear():
