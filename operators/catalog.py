@@ -7,6 +7,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import time
 import warnings
 from collections import Counter
@@ -54,7 +55,7 @@ def crawl(libraries: list[str], processes: int | None = None,
         # A Pool, not an executor: leaving its block (Ctrl-C included) terminates the processes
         # at once instead of waiting for the parts under way.
         done: list = [None] * len(parts)
-        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        with multiprocessing.get_context("spawn").Pool(processes, initializer=_leave_interrupts_to_the_parent) as pool:
             progress = _CrawlProgress(libraries, len(parts))
             for index, part in pool.imap_unordered(_crawl_indexed, [(index, library, shard, processes, ops) for index, (
                     _, library, shard) in enumerate(parts)]):
@@ -72,6 +73,13 @@ def crawl(libraries: list[str], processes: int | None = None,
     skipped = [r for r in results.values() if isinstance(r, SkippedOp)]
     log.info("crawled %s: %d runnable, %d skipped", ",".join(libraries), len(specs), len(skipped))
     return specs, skipped
+
+
+def _leave_interrupts_to_the_parent() -> None:
+    """A crawl process ignores Ctrl-C: the terminal sends it to the whole process group, and
+    each process printed its own traceback before the command's one line. The parent stops
+    them when it leaves the pool's block."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _CrawlProgress:

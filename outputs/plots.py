@@ -109,7 +109,7 @@ COMPARISON_PLOTS = {
     "sizes": "Input sizes (log2 bins)",
     "eager_ms": "Median eager time",
     "output_max_abs": "Largest output magnitude",
-    "similarity": "Highest similarity to the reference",
+    "similarity": "Highest textual similarity to the reference",
 }
 ORANGE = "#dd8452"
 COMPARISON_PREFIX = "vs_reference_"  # the card's comparison plots, beside its own
@@ -185,7 +185,7 @@ def _paired_histograms(folder: Path, prefix: str, name: str, sides: tuple, histo
     return _save(figure, folder, prefix + name)
 
 
-HISTOGRAM_AXES = {"similarity": "highest similarity to any reference task", "eager_ms": "eager time (ms)",
+HISTOGRAM_AXES = {"similarity": "highest textual similarity to any reference task (no traced ops)", "eager_ms": "eager time (ms)",
                   "output_max_abs": "largest output magnitude"}
 SIMILARITY_THRESHOLD = 0.9  # the default --similarity-threshold
 

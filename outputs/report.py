@@ -420,7 +420,9 @@ def _similarity_section(similarity: dict | None, reference: str, level: str) -> 
     return [f"{level} Similarity to {reference}", "",
             f"Each task's highest textual similarity to any task of `{reference}` (the decontamination score "
             f"without traced op sequences): median {similarity['p50']}, highest {similarity['max']}, "
-            f"{similarity['above_0.9']} of {similarity['tasks']} above 0.9.", "",
+            f"{similarity['above_0.9']} of {similarity['tasks']} above 0.9. A run's own decontamination "
+            "compared what each task computes as well: its score, usually higher, is the rows' "
+            "`kernelbench_max_similarity` column.", "",
             *_table(["similarity", "tasks"], _bins(similarity["histogram"])), ""]
 
 

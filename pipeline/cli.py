@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(own)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per LLM request otherwise
+    for client in ("httpx", "httpx2"):  # a line per LLM request otherwise (openai's client is built on one of them)
+        logging.getLogger(client).setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_drop_beam_noise)
     signal.signal(signal.SIGINT, _on_interrupt)
@@ -77,7 +78,11 @@ def _no_space_left(error: BaseException | None) -> str:
 
 
 def _host_problem(message: str) -> int:
-    logging.getLogger("opsynth").error("%s", message)
+    # the run's log file keeps it; the terminal gets the one line below, not the same twice
+    record = logging.getLogger("opsynth").makeRecord("opsynth", logging.ERROR, __file__, 0, "%s", (message,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
     print(f"opsynth: error: {message}. Finished work is kept; fix that and run the same command again.",
           file=sys.stderr)
     return 3

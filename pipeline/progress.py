@@ -43,12 +43,20 @@ ETA_WINDOW_S = 300.0  # the ETA reads the acceptance rate of the last five minut
 MIN_RECENT, MIN_SPAN_S = 5, 10.0
 
 
+def _hours(seconds: float) -> str:
+    """H:MM:SS with as many hours as there are (strftime's %H wrapped a 24-hour ETA to 1 minute)."""
+    minutes, second = divmod(round(seconds), 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:{second:02d}"
+
+
 class Progress:
     def __init__(self, target: int, already_accepted: int = 0, stream=None, log_every_s: float = 15.0,
-                 started: float | None = None, heartbeat_s: float = 60.0):
+                 started: float | None = None, heartbeat_s: float = 60.0, first_heartbeat_s: float = 10.0):
         """`started`: when the command started (time.monotonic), so that the rate counts its
-        set-up too, as stats.json's accepted_per_hour does."""
-        self.target, self.stream, self.log_every_s, self.heartbeat_s = target, stream or sys.stderr, log_every_s, heartbeat_s
+        set-up too, as stats.json's accepted_per_hour does. A quiet stretch is said first
+        after `first_heartbeat_s`, then every `heartbeat_s`."""
+        self.target, self.stream, self.log_every_s = target, stream or sys.stderr, log_every_s
+        self.heartbeat_s, self.first_heartbeat_s = heartbeat_s, min(first_heartbeat_s, heartbeat_s)
         self.accepted, self.rejected = already_accepted, Counter()
         self.started, self.base = started or time.monotonic(), already_accepted
         self.lock = threading.Lock()
@@ -90,22 +98,27 @@ class Progress:
                     self.done.clear()
 
     def line(self) -> str:
+        """The counts as stats.json gives them: past the target, the rows accepted beyond it
+        are held back (held/), not rows."""
         rate, rejects, eta = self._figures()
-        return (f"accepted {self.accepted}/{self.target} | rejected {rejects} | "
-                f"{rate * 3600:.0f} accepted/h | ETA {eta}")
+        beyond = max(self.accepted - self.target, 0)
+        accepted = f"{self.accepted - beyond}/{self.target}" + (f" (+{beyond} held back)" if beyond else "")
+        return f"accepted {accepted} | rejected {rejects} | {rate * 3600:.0f} accepted/h | ETA {eta}"
 
     def _figures(self) -> tuple[float, str, str]:
         """(accepted per second over the command, the rejects by reason, the time left or '-'
-        when unknown or done). The time left is read from the rate of the last ETA_WINDOW_S:
-        the command's own rate counts its set-up (a crawl, the reference's trace, composing),
-        and on the H200 it put the ETA at 10 hours when the rate inside a round said 1.5."""
+        when unknown or done). The time left is read from the rate of the last ETA_WINDOW_S,
+        and only once MIN_RECENT acceptances give one: the command's own rate counts its
+        set-up (a crawl, the reference's trace, composing), and on the H200 it put the ETA at
+        10 hours when the rate inside a round said 1.5; from the first acceptance alone it
+        said 31 minutes of a run that ended 103 s later."""
         with self.lock:
             now = time.monotonic()
             elapsed = max(now - self.started, 1e-9)
             rate = (self.accepted - self.base) / elapsed
             left = self.target - self.accepted
-            eta_rate = self._recent_rate(now) or rate
-            eta = time.strftime("%H:%M:%S", time.gmtime(left / eta_rate)) if eta_rate > 0 and left > 0 else "-"
+            eta_rate = self._recent_rate(now)
+            eta = _hours(left / eta_rate) if eta_rate and left > 0 else "-"
             top = ", ".join(f"{reason} {n}" for reason, n in self.rejected.most_common(4)) or "none"
             return rate, f"{sum(self.rejected.values())} ({top})", eta
 
@@ -158,15 +171,18 @@ class Progress:
             self._update_bar()
 
     def _log_changes(self) -> None:
-        """A line whenever the counts changed, and one every `heartbeat_s` while they do not:
-        a long validation is never silent."""
-        logged, quiet_since = (self.accepted, sum(self.rejected.values())), time.monotonic()
-        while not self.stopped.wait(self.log_every_s):
-            now = (self.accepted, sum(self.rejected.values()))
-            if now != logged:
-                log.info("%s", self.line())
-                logged, quiet_since = now, time.monotonic()
-            elif time.monotonic() - quiet_since >= self.heartbeat_s:
-                log.info("still %s, no new verdict for %.0f s: %s", self.doing, time.monotonic() - quiet_since,
-                         self.line())
-                quiet_since = time.monotonic()
+        """A line whenever the counts changed (at most every `log_every_s`), and while they do
+        not, one after `first_heartbeat_s` and then every `heartbeat_s`: a long validation is
+        never silent, and the first verdict of a round is not waited for in silence."""
+        logged = (self.accepted, sum(self.rejected.values()))
+        last_line = quiet_since = time.monotonic()
+        said_quiet = False
+        while not self.stopped.wait(min(self.log_every_s, self.first_heartbeat_s)):
+            now, counts = time.monotonic(), (self.accepted, sum(self.rejected.values()))
+            if counts != logged:
+                if now - last_line >= self.log_every_s:
+                    log.info("%s", self.line())
+                    logged, last_line, quiet_since, said_quiet = counts, now, now, False
+            elif now - max(quiet_since, last_line) >= (self.heartbeat_s if said_quiet else self.first_heartbeat_s):
+                log.info("still %s, no new verdict for %.0f s: %s", self.doing, now - quiet_since, self.line())
+                last_line, said_quiet = now, True

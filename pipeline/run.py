@@ -167,8 +167,11 @@ def _rounds(setup: RunSetup, records: list, next_index: int, status: Progress, l
         status.sync(sum(v.passed for _, v in records), Counter(v.reason for _, v in records if not v.passed),
                     [record for record in records if record[1].passed])
         ledger(len(records))
-        log.info("round of %d done: %s%s", len(round_records), status.line(),
-                 f" ({reused} verdicts found in the verdict store, decided before: not run again)" if reused else "")
+        undecided = len(jobs) - len(round_records)  # cancelled in flight once the target was reached
+        log.info("round of %d done: %s%s%s", len(round_records), status.line(),
+                 f" ({reused} verdicts found in the verdict store, decided before: not run again)" if reused else "",
+                 f"; {undecided} of its {len(jobs)} candidates left undecided, not needed once the target was reached"
+                 if undecided and status.done.is_set() else "")
         if down:
             stop_reason = (f"the LLM endpoint stayed down ({down}); the {len(records)} candidates decided so far "
                            "are kept; fix the endpoint and run the same command again to continue")
@@ -225,7 +228,8 @@ def validate_tasks(cfg: RunConfig, tasks: str) -> dict:
     sandbox = sandbox_options(cfg, device, gpus, workers, out_dir)
     check_config = _check_config(cfg, device, sandbox)
     groups = validation_groups(cfg.beam_args, len(candidates), workers)
-    with round_pipeline(cfg.beam_args, groups) as pipeline:
+    log.info("validating %d tasks of %s on %d workers", len(candidates), tasks, workers)
+    with Progress(len(candidates), started=started), round_pipeline(cfg.beam_args, groups) as pipeline:
         (pipeline | "Tasks" >> beam.Create([(candidate, None) for candidate in candidates])
          | "Validate" >> ValidateCandidates(sandbox, check_config, workers, gpus or None, verdicts_dir(cfg.cache_dir),
                                             added_library_ops(cfg), groups)

@@ -3,6 +3,7 @@ subprocess): it says what it does and why, stops when it is done, refuses a seco
 same folder, and never answers a mistake with a traceback."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -107,8 +108,11 @@ def test_validate_says_why_each_task_fails_and_writes_a_card_of_a_validation(tmp
     assert result.returncode == 0, result.stderr[-3000:]
     assert "good.py: passes" in result.stderr
     assert "leaks.py: static/forbidden_import: line 3: import of 'os'" in result.stderr
+    assert f"validating 2 tasks of {tasks} on 1 workers" in result.stderr  # said at the start, not after the end
     card = (out / "README.md").read_text()
     assert f"the tasks of `{tasks}` were re-audited" in card and "composer; every candidate" not in card
+    assert "validate composer" not in card and "(`--reference`)" not in card  # no flag validate has
+    assert "opsynth dedupe TASKS --against" in card
     assert "1 row of 2 candidates; 1 rejected" in card
     assert "The rows' ops are not known" in card
 
@@ -133,6 +137,7 @@ def test_a_run_stops_at_its_target_without_waiting_for_the_work_in_flight(tmp_pa
         took = time.monotonic() - began
     assert result.returncode == 0, result.stderr[-3000:]
     assert took < 240, f"the run waited for its endless candidate ({took:.0f} s)"
+    assert "HTTP Request:" not in result.stderr  # httpx's line per request, from whichever process composed
     stats = json.loads((out / "stats.json").read_text())
     assert stats["accepted"] == 1 and "timeout" not in stats["rejected_by_reason"]
     assert "reached --num-samples" in stats["stop_reason"]
@@ -152,3 +157,23 @@ def test_a_crawl_says_how_far_it_is_and_keeps_each_library_it_finished(tmp_path)
     assert "crawling kornia.filters (the first time" in both.stderr and "crawling einops" not in both.stderr
     names = set(pq.read_table(tmp_path / "two.parquet").column("name").to_pylist())
     assert {name.split(".")[0] for name in names} == {"einops", "kornia"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_crawl_is_one_line(tmp_path):
+    """The terminal sends Ctrl-C to the whole process group: each crawl process printed
+    `Process SpawnPoolWorker-N:` and a traceback before the command's own line."""
+    crawl = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "crawl", "--library", "torch", "--cache-dir",
+                              str(tmp_path / "cache"), "--out", str(tmp_path / "c.parquet")],
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    said = []
+    for line in crawl.stderr:  # the parts are under way once they are announced
+        said.append(line)
+        if " parts on " in line:
+            break
+    time.sleep(4)
+    os.killpg(crawl.pid, signal.SIGINT)
+    said += crawl.stderr.readlines()
+    assert crawl.wait(timeout=60) == 130, "".join(said)
+    told = "".join(said)
+    assert "opsynth: interrupted" in told and "Traceback" not in told and "SpawnPoolWorker" not in told, told

@@ -110,8 +110,8 @@ class LLMClient:
             except Exception as error:  # classified by retry_delay; anything else is not retried
                 delay = retry_delay(error, attempt, self.settings)
                 if delay is None:
-                    if _is_transient(error):
-                        self.down = f"{type(error).__name__}: {str(error)[:200]}"
+                    if _is_transient(error):  # named with the address tried: a wrong one is the usual cause
+                        self.down = f"{type(error).__name__}: {str(error)[:200]} ({self._openai().base_url})"
                         raise EndpointDown(self.down) from None
                     raise
                 self._say_retry(error, attempt, delay)
@@ -198,6 +198,7 @@ class LLMComposer:
         self.settings = settings
         self.name = f"llm:{settings.model}"
         self.client = LLMClient(settings, JsonStore(Path(cache_dir) / "llm"))
+        self._refusal_logged = False
 
     def compose_many(self, jobs: list[dict], run_seed: int) -> list[Candidate | tuple[Candidate, Verdict]]:
         with ThreadPoolExecutor(self.settings.concurrency) as executor:
@@ -217,8 +218,11 @@ class LLMComposer:
         except EndpointDown as down:
             return self._failed(job, ops, provenance, run_seed, "endpoint_down", f"the endpoint is down: {down}", "")
         except Exception as error:  # a request the endpoint refused for good (400, 401, ...)
-            return self._failed(job, ops, provenance, run_seed, "llm_error",
-                                f"{type(error).__name__}: {str(error)[:300]}{_hint(error)}", "")
+            detail = f"{type(error).__name__}: {str(error)[:300]}{_hint(error)}"
+            if not self._refusal_logged:  # once: the progress line counts the rest as llm_error
+                self._refusal_logged = True
+                log.warning("the LLM endpoint failed a request for good: %s", detail)
+            return self._failed(job, ops, provenance, run_seed, "llm_error", detail, "")
         provenance.update(usage, cached=cached)
         checked = check_answer(text, ops, self.catalog)
         if checked[0] is None:

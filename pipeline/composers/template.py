@@ -39,6 +39,7 @@ import multiprocessing
 import os
 import pickle
 import random
+import signal
 import warnings
 import zlib
 from collections import Counter
@@ -420,6 +421,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 
 def _start_screening(arguments: dict) -> None:
     global _worker_composer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     torch.set_num_threads(1)  # one process per core
     warnings.filterwarnings("ignore")
     _worker_composer = TemplateComposer(**arguments, screen_workers=1)

@@ -138,6 +138,7 @@ def test_a_full_output_disk_ends_the_run_with_one_clear_line_and_keeps_the_verdi
     assert re.fullmatch(r"opsynth: error: no space left on the disk of --out or --cache-dir \(.*No space left on "
                         r"device\): free some space there\. Finished work is kept; fix that and run the same "
                         r"command again\.", done.stderr.strip().splitlines()[-1]), done.stderr[-2000:]
+    assert done.stderr.count("no space left on the disk") == 1  # said once, not as a log line and again
     assert list((tmp_path / "cache" / "verdicts").rglob("*.json"))  # the same command resumes without redoing it
 
 

@@ -1,6 +1,7 @@
 """The LLM composer against a stand-in OpenAI-compatible server on 127.0.0.1, through the
 real `openai` client: faults, bad answers, caching, and a dead endpoint."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -221,6 +222,7 @@ def test_a_dead_endpoint_ends_the_run_with_a_clear_message_and_keeps_nothing_hal
                "--library", "torch", "--config", str(config)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 3 and "the LLM endpoint stayed down" in done.stderr
+    assert "http://127.0.0.1:9/v1" in done.stderr  # the address it tried
     assert "run the same command again" in done.stderr
     assert "the LLM endpoint failed a request (APIConnectionError" in done.stderr  # the retry said so
     assert "Traceback" not in done.stderr and "HTTP Request:" not in done.stderr  # nor a line per request
@@ -249,8 +251,9 @@ def test_the_prompts_ask_for_inputs_in_each_ops_domain_and_moderate_outputs(cata
     assert "well-conditioned" in compose and "atan2 of a computed value" in compose
 
 
-def test_an_endpoint_that_answers_no_json_gets_a_hint(catalog, tmp_path):
-    """A web page where the API should be (a base URL without /v1, a proxy's login page)."""
+def test_an_endpoint_that_answers_no_json_gets_a_hint(catalog, tmp_path, caplog):
+    """A web page where the API should be (a base URL without /v1, a proxy's login page): the
+    hint is in the verdict and, once, in the run's log (not only in `opsynth rejects`)."""
     from http.server import BaseHTTPRequestHandler
 
     from tests.loopback import LoopbackServer
@@ -269,5 +272,8 @@ def test_an_endpoint_that_answers_no_json_gets_a_hint(catalog, tmp_path):
 
     with LoopbackServer(Page) as page:
         composer = LLMComposer(catalog, settings(f"http://127.0.0.1:{page.port}", max_attempts=1), tmp_path)
-        [(_, verdict)] = composer.compose_many([{"index": 0, "ops": OPS[:1]}], 0)
-    assert verdict.reason == "llm_error" and "is OPENAI_BASE_URL (llm.base_url) the API root" in verdict.detail
+        with caplog.at_level(logging.WARNING, logger="opsynth"):
+            verdicts = [verdict for _, verdict in composer.compose_many([{"index": i, "ops": OPS[:1]} for i in range(3)], 0)]
+    assert all(v.reason == "llm_error" and "is OPENAI_BASE_URL (llm.base_url) the API root" in v.detail for v in verdicts)
+    said = [record.getMessage() for record in caplog.records if "failed a request for good" in record.getMessage()]
+    assert len(said) == 1 and "is OPENAI_BASE_URL (llm.base_url) the API root" in said[0]

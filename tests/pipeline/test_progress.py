@@ -2,10 +2,10 @@ import io
 import logging
 import re
 import time
-from collections import Counter
+from collections import Counter, deque
 
 from pipeline import progress
-from pipeline.progress import Progress
+from pipeline.progress import MIN_RECENT, Progress
 
 
 class Terminal(io.StringIO):
@@ -43,7 +43,15 @@ def test_live_bar_in_a_terminal_counts_verdicts_and_keeps_log_lines_out_of_it(mo
 
 def test_the_eta_is_a_time_left_and_never_negative():
     status = Progress(target=3, already_accepted=5, stream=io.StringIO())
-    assert status.line().startswith("accepted 5/3") and status.line().endswith("ETA -")  # the count is the true one
+    # the counts stats.json gives: 3 rows, and 2 beyond the target held back
+    assert status.line().startswith("accepted 3/3 (+2 held back)") and status.line().endswith("ETA -")
+
+
+def test_no_eta_is_guessed_from_the_first_acceptances():
+    """From one acceptance after the set-up, the ETA said 31 minutes of a run that ended 103 s later."""
+    status = Progress(target=40, stream=io.StringIO(), started=time.monotonic() - 50)
+    status.record(True, "")
+    assert status.line().endswith("ETA -")
 
 
 def test_plain_log_lines_when_not_a_terminal_and_only_while_counts_change(caplog):
@@ -60,12 +68,16 @@ def test_plain_log_lines_when_not_a_terminal_and_only_while_counts_change(caplog
 
 
 def test_a_quiet_validation_is_never_silent(caplog):
-    """No verdict for a while (a compile, a long candidate): a line says the run is still at it."""
+    """No verdict for a while (a compile, a long candidate): a line says the run is still at it,
+    first soon (the first verdict of a round came 28-85 s after it was composed, in silence),
+    then less often."""
     with caplog.at_level("INFO", logger="opsynth"), Progress(target=3, stream=io.StringIO(), log_every_s=0.1,
-                                                             heartbeat_s=0.3):
-        time.sleep(0.8)
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines and all(line.startswith("still validating, no new verdict for") for line in lines)
+                                                             heartbeat_s=0.6, first_heartbeat_s=0.2):
+        time.sleep(1.1)
+    said = [(r.created, r.getMessage()) for r in caplog.records]
+    assert said and all(line.startswith("still validating, no new verdict for") for _, line in said)
+    gaps = [b - a for (a, _), (b, _) in zip(said, said[1:])]
+    assert 2 <= len(said) <= 3 and all(gap >= 0.5 for gap in gaps), said
 
 
 def test_the_run_is_done_once_what_it_asked_for_is_accepted():
@@ -91,9 +103,10 @@ def test_a_quiet_composition_says_it_is_composing(caplog):
     assert lines and all(line.startswith("still composing a round of 64, no new verdict for") for line in lines)
 
 
-def test_the_eta_reads_the_recent_rate_not_the_set_up():
+def test_the_eta_reads_the_recent_rate_not_the_set_up(monkeypatch):
     """A command that spent an hour setting up, then accepts 10 a second: the time left is
     read from the 10 a second, while the rate shown stays the command's own (stats.json's)."""
+    monkeypatch.setattr(progress, "MIN_SPAN_S", 2.0)  # the recent rate from 4 s of acceptances
     status = Progress(target=1000, stream=io.StringIO(), started=time.monotonic() - 3600)
     assert status.line().endswith("ETA -")
     for _ in range(40):
@@ -103,3 +116,13 @@ def test_the_eta_reads_the_recent_rate_not_the_set_up():
     hours, minutes, seconds = (int(part) for part in eta.split(":"))
     assert rate * 3600 < 60  # 40 in an hour and 4 seconds
     assert 60 <= hours * 3600 + minutes * 60 + seconds <= 200  # 960 left at about 10 a second
+
+
+def test_an_eta_past_a_day_says_so():
+    """strftime's %H wrapped 24 hours and 86 s to `00:01:26`."""
+    status = Progress(target=10_000, stream=io.StringIO())
+    for _ in range(MIN_RECENT):
+        status.record(True, "")
+    status.acceptances = deque(time.monotonic() - 100 + 25 * i for i in range(MIN_RECENT))  # one every 25 s
+    hours = int(status._figures()[2].split(":")[0])
+    assert 60 <= hours <= 80  # 9,995 left at one in 25 s: 69 hours
