@@ -175,7 +175,8 @@ class Progress:
         not, one after `first_heartbeat_s` and then every `heartbeat_s`: a long validation is
         never silent, and the first verdict of a round is not waited for in silence."""
         logged = (self.accepted, sum(self.rejected.values()))
-        last_line = quiet_since = time.monotonic()
+        quiet_since = time.monotonic()
+        last_line = quiet_since - self.log_every_s  # the first verdicts are said at the first look
         said_quiet = False
         while not self.stopped.wait(min(self.log_every_s, self.first_heartbeat_s)):
             now, counts = time.monotonic(), (self.accepted, sum(self.rejected.values()))

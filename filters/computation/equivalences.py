@@ -139,8 +139,9 @@ class _Equivalences(_Unspelled, _Recognisers):
         reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
         merged = _merged_branches(nodes, lambda n: reads[n], self.names)
         names = {node: self.names(node) for node in nodes if node not in merged}
-        _chain_affine_maps([node for node in nodes if node in names], reads, names)
-        _fold_into_products([node for node in nodes if node in names], reads, names)
+        affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
+        _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
+        _fold_into_products([node for node in nodes if node in names], reads, names, affine)
         return [name for node in nodes if node in names for name in names[node]]
 
     def constant(self, outputs: list) -> bool:
@@ -160,6 +161,21 @@ class _Equivalences(_Unspelled, _Recognisers):
                 if node not in self.made_constant or self.through_constants:
                     frontier.extend(self._resolve(n) for n in self.reads[node])
         return live
+
+    def _affine_in_one(self, node, variables: list) -> bool:
+        """Whether `node` is an affine map of the one variable value it reads (`variables`, what
+        it reads that varies with the inputs): recognised as one
+        from its values, or arithmetic by constants (an eval batch norm's scale and shift too).
+        A square, a power and a reciprocal read `mul` too, and a red team's sum of squares of a
+        Linear was folded into the Linear as if they were scales."""
+        if node in self.named:
+            return set(self.named[node]) <= set(AFFINE)
+        name = _name(node)
+        if not set(canonical(node)) <= set(AFFINE) or name in POWERS or len(variables) != 1:
+            return False
+        # a division by the variable is its reciprocal
+        return name not in ("div", "true_divide") or not getattr(node.args[1] if len(node.args) > 1 else None,
+                                                                 "variable", False)
 
     def names(self, node) -> list[str]:
         return list(self.named[node]) if node in self.named else canonical(node)
@@ -264,13 +280,15 @@ class _Equivalences(_Unspelled, _Recognisers):
 
 
 AFFINE = ("mul", "add")
+POWERS = frozenset({"pow", "square", "reciprocal"})  # named `mul`, and no scale
 
 
-def _chain_affine_maps(nodes: list, reads: dict, names: dict) -> None:
+def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> None:
     """An affine map of an affine map is one (`names` edited in place): a norm's own scale
     and shift followed by an eval batch norm's reads `mul add` once, as the same arithmetic
-    folded by hand does. A map is a node of multiplications and additions that reads one
-    variable value; it joins the map that made that value when nothing else reads it."""
+    folded by hand does. A map is a node of `affine` arithmetic on one variable value; it
+    joins the map that made that value when nothing else reads it, and that map's tail is
+    affine (a square reads `mul`, and is no map to join)."""
     users: dict = {}
     for node in nodes:
         for read in reads[node]:
@@ -278,12 +296,13 @@ def _chain_affine_maps(nodes: list, reads: dict, names: dict) -> None:
     owner: dict = {}  # a node folded into an earlier map -> that map's node
     for node in nodes:
         mine = names[node]
-        if not mine or not set(mine) <= set(AFFINE) or len(reads[node]) != 1:
+        if not mine or node not in affine or len(reads[node]) != 1:
             continue
         previous = reads[node][0]
         previous = owner.get(previous, previous)
         tail = _affine_tail(names.get(previous, []))
-        if not tail or len(users.get(reads[node][0], [])) != 1:
+        whole = len(tail) == len(names.get(previous, []))  # nothing but arithmetic: it must be a map itself
+        if not tail or len(users.get(reads[node][0], [])) != 1 or (whole and previous not in affine):
             continue
         names[previous] = names[previous][:len(names[previous]) - len(tail)] + \
             [op for op in AFFINE if op in tail or op in mine]
@@ -303,13 +322,14 @@ def _affine_tail(names: list) -> list:
 FEATURE_MAPS = (("avg_pool1d",), ("sum",), ("sum", "mul"))  # linear maps of a value's last dimension
 
 
-def _fold_into_products(nodes: list, reads: dict, names: dict) -> None:
+def _fold_into_products(nodes: list, reads: dict, names: dict, affine: set) -> None:
     """An average pooling or a sum over a matrix product's output features, where nothing
     else reads the product, is part of the product (`names` edited in place): P W reaches
     every weight of its shape, so a Linear followed by one computes what a Linear to fewer
     features does (a red team folded KernelBench's Matmul_AvgPool_GELU_Scale_Max into one
     Linear with pooled weights, `mm add` beside `mm add avg_pool1d`). The product's own
-    affine tail (a bias, a scale) is walked through; its rows are the pooling's."""
+    affine tail (a bias, a scale, whether or not `_chain_affine_maps` merged it into the
+    product's names) is walked through, and nothing else; its rows are the pooling's."""
     users: dict = {}
     for node in nodes:
         for read in reads[node]:
@@ -318,8 +338,7 @@ def _fold_into_products(nodes: list, reads: dict, names: dict) -> None:
         if tuple(names[node]) not in FEATURE_MAPS or len(reads[node]) != 1:
             continue
         source = product = reads[node][0]
-        while (product in names and names[product] and set(names[product]) <= set(AFFINE)
-               and len(reads[product]) == 1 and len(users.get(product, [])) == 1):
+        while product in affine and len(reads[product]) == 1 and len(users.get(product, [])) == 1:
             product = reads[product][0]
         if (product in names and names[product][:1] == ["mm"] and len(users.get(product, [])) == 1
                 and _over_features(source.value, node.value, names[node])):

@@ -107,6 +107,10 @@ class _Recognisers:
         # A layout op may: F.avg_pool1d is a 2-D pooling of a view, and the view back reads it.
         if spatial not in (1, 2, 3) or not target.is_floating_point() or "mm" in name:
             return None
+        # a row's features are pooled by a maximum or a sum of a view alone: asked of every 2-D
+        # op that narrows a value, a red team's 120 slices took 77 s to read
+        if flat and FLAT_POOL_ENDS.isdisjoint(name):
+            return None
         # a pooling that keeps the size (stride 1, padded) is asked only of what can write one:
         # every op of that shape would be asked otherwise
         same_size = not POOL_ENDS.isdisjoint(name)
@@ -259,6 +263,7 @@ class _Recognisers:
 
 
 POOL_ENDS = frozenset({"convolution", "sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})
+FLAT_POOL_ENDS = frozenset({"sum", "max"})  # amax, max, sum and mean of a (rows, windows, width) view
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
 
 

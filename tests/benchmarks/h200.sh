@@ -230,7 +230,7 @@ if [ "$STAGE" = disguise ]; then
     # as a run's checks run them: KINDS of tests/disguise.py (default: batch_twice all_at_once)
     kinds=("$@"); [ ${#kinds[@]} -eq 0 ] && kinds=(batch_twice all_at_once)
     timeout 540 python3 -m tests.benchmarks.bench_disguise "$PWD/.kb/KernelBench" --levels 1 2 --no-templates \
-        --workers 8 --device cuda --cache-dir /tmp/disguise-cache --kinds "${kinds[@]}" 2>&1 | grep -v "Warning" | tail -30
+        --workers 8 --device cuda --cache-dir /tmp/disguise-cache --kinds "${kinds[@]}" 2>&1 | grep --line-buffered -v "Warning"  # each kind's line as it comes: a call cut by its limit keeps them (tail held them all back once)
     exit 0
 fi
 if [ "$STAGE" = gputrace ]; then

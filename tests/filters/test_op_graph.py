@@ -294,6 +294,41 @@ def test_a_linear_map_of_a_products_features_is_part_of_the_product(written):
     assert ops(written, FEATURES, POOLED_FEATURES, shape=(4, 8)) == ["mm", "add", "gelu"]
 
 
+def test_a_square_or_a_reciprocal_of_a_product_is_no_scale_to_fold_through():
+    """They read `mul`, as a scale does: a red team's sum of squares of a Linear (and of its
+    reciprocal) was folded into the Linear and read as KernelBench's Gemm_Divide_Sum_Scaling."""
+    weight = FEATURES.weight
+    scaled = ops(lambda x: ((x @ weight.T) / 2).sum(1, keepdim=True) * 3.0, shape=(4, 8))
+    assert scaled == ["mm", "mul", "mul"]
+    for written in (lambda x: (x @ weight.T).pow(2).sum(1, keepdim=True) * 3.0,
+                    lambda x: (1 / (x @ weight.T)).sum(1, keepdim=True) * 3.0):
+        assert ops(written, shape=(4, 8)) == ["mm", "mul", "sum", "mul"]
+    assert ops(lambda x: x.pow(2) * 3.0 + 1.0, shape=(4, 8)) == ["mul", "mul", "add"]  # no map to join
+
+
+def test_a_products_scale_merged_into_it_is_still_walked_through():
+    """`_chain_affine_maps` empties a scale's names into the product's: the fold walks it all
+    the same (a red team's KernelBench Matmul_AvgPool with `linear(x, 2W, 2b) * 0.5`, 0.889)."""
+    halved = lambda x: F.gelu(F.avg_pool1d((F.linear(x, 2 * FEATURES.weight, 2 * FEATURES.bias) * 0.5)[:, None],  # noqa: E731
+                                           4)[:, 0])
+    assert ops(halved, FEATURES, shape=(4, 8)) == ["mm", "mul", "add", "gelu"]
+
+
+def test_a_row_is_asked_whether_it_pools_only_by_a_maximum_or_a_sum(monkeypatch):
+    """A red team's 120 slices of a (rows, features) value, each asked every pooling setting
+    of every earlier value, took 77 s to read."""
+    import filters.computation.recognise as recognise
+    tried = []
+    monkeypatch.setattr(recognise, "_pooled", lambda *args: tried.append(args) or args[1])
+
+    def narrowing(x):
+        for _ in range(40):
+            x = x[:, 1:] * 1.01 + 0.1
+        return x
+    ops(narrowing, shape=(8, 64))
+    assert not tried
+
+
 def test_a_map_of_a_products_rows_or_of_a_product_read_elsewhere_stays():
     assert ops(lambda x: FEATURES(x).sum(0), FEATURES, shape=(4, 8)) == ["mm", "add", "sum"]  # over the batch
     assert ops(lambda x: FEATURES(x).sum(-1), FEATURES, shape=(4, 8)) == ["mm", "add"]  # a Linear to one feature
