@@ -289,10 +289,7 @@ def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> No
     folded by hand does. A map is a node of `affine` arithmetic on one variable value; it
     joins the map that made that value when nothing else reads it, and that map's tail is
     affine (a square reads `mul`, and is no map to join)."""
-    users: dict = {}
-    for node in nodes:
-        for read in reads[node]:
-            users.setdefault(read, []).append(node)
+    users = _users(nodes, reads)
     owner: dict = {}  # a node folded into an earlier map -> that map's node
     for node in nodes:
         mine = names[node]
@@ -308,6 +305,15 @@ def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> No
             [op for op in AFFINE if op in tail or op in mine]
         names[node] = []
         owner[node] = previous
+
+
+def _users(nodes: list, reads: dict) -> dict:
+    """Each node -> the nodes of `nodes` that read it."""
+    users: dict = {}
+    for node in nodes:
+        for read in reads[node]:
+            users.setdefault(read, []).append(node)
+    return users
 
 
 def _affine_tail(names: list) -> list:
@@ -330,10 +336,7 @@ def _fold_into_products(nodes: list, reads: dict, names: dict, affine: set) -> N
     Linear with pooled weights, `mm add` beside `mm add avg_pool1d`). The product's own
     affine tail (a bias, a scale, whether or not `_chain_affine_maps` merged it into the
     product's names) is walked through, and nothing else; its rows are the pooling's."""
-    users: dict = {}
-    for node in nodes:
-        for read in reads[node]:
-            users.setdefault(read, []).append(node)
+    users = _users(nodes, reads)
     for node in nodes:
         if tuple(names[node]) not in FEATURE_MAPS or len(reads[node]) != 1:
             continue
