@@ -20,6 +20,7 @@ from filters.checks.verdicts import SANDBOX_REASONS
 from filters.checks.measure.execution import (GpuGate, Reject, as_reject, build_model, first_inputs, load_task, release,
                                       timed)
 from filters.sandbox.gpu_memory import GpuMemoryBusy
+from filters.computation.memory import _storage
 from filters.computation.graph import MAX_OP_GRAPH, op_graph, op_graph_and_drops
 from filters.checks.measure.resize import small_problem
 
@@ -262,12 +263,12 @@ def _built(code: str, device: str, seed: int = 0) -> tuple[torch.nn.Module, list
     return model, first_inputs(task, seed, torch.device(device))
 
 
-def _window_kernel(tensor: torch.Tensor) -> bool:
-    return tensor.dim() >= 3 and any(n > 1 for n in tensor.shape[2:])
+def _window_kernel(tensor: torch.Tensor, kernels: frozenset) -> bool:
+    return tensor.dim() >= 3 and any(n > 1 for n in tensor.shape[2:]) and _storage(tensor) in kernels
 
 
 @torch.no_grad()
-def _generic_weights(model: torch.nn.Module) -> None:
+def _generic_weights(model: torch.nn.Module, kernels: frozenset = frozenset()) -> None:
     """Weights and inputs a value comparison cannot be fooled by: a norm's weight of ones, a
     bias of zeros, a batch norm's running statistics (0 and 1) make ops that are there look
     like identities; inputs of torch.rand (all positive) make a relu look like one. Every
@@ -278,8 +279,9 @@ def _generic_weights(model: torch.nn.Module) -> None:
             continue
         if name.endswith("running_var"):
             tensor.uniform_(0.5, 1.5)
-        elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and not _window_kernel(tensor)):
+        elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and not _window_kernel(tensor, kernels)):
             # a constant kernel with a window (a convolution's by 1 / k^2) makes nothing look
             # like an identity: it is a pooling, and is read as one. A (1, C, 1, 1) scale of
-            # ones has no window: spread, or its multiplication read as nothing
+            # ones has no window, and a (1, C, H, W) gain no convolution reads as its kernel
+            # (`kernels`, op_graph_and_drops): spread, or its multiplication read as nothing
             tensor.add_(torch.randn_like(tensor) * 0.2)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from filters.computation.names import LAYOUT_ONLY, NORM_NAMES, BOUNDING, _merged_branches, _name, canonical
+from filters.computation.names import (LAYOUT_ONLY, NORM_NAMES, BOUNDING, _merged_branches, _name, canonical,
+                                      padded_by_convolutions)
 from filters.computation.recognise import WINDOW, _Recognisers
 from filters.computation.record import _Op, _Recorder
 from filters.computation.values import HEAD, SAMPLE, _apart_values, _is_float, _is_numeric, _uniform, close
@@ -137,8 +138,8 @@ class _Equivalences(_Unspelled, _Recognisers):
         live = self._live(outputs)
         nodes = [op for op in self.ops if op in live and op.variable]
         reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
-        merged = _merged_branches(nodes, lambda n: reads[n], self.names)
-        names = {node: self.names(node) for node in nodes if node not in merged}
+        unspelled = _merged_branches(nodes, lambda n: reads[n], self.names) | padded_by_convolutions(nodes)
+        names = {node: self.names(node) for node in nodes if node not in unspelled}
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
@@ -325,39 +326,75 @@ def _affine_tail(names: list) -> list:
     return tail
 
 
-FEATURE_MAPS = (("avg_pool1d",), ("sum",), ("sum", "mul"))  # linear maps of a value's last dimension
+FEATURE_MAPS = (("avg_pool1d",), ("sum",), ("sum", "mul"))  # linear maps of a value's features
+PRODUCTS = frozenset({"mm", "addmm"})  # a matrix product recorded with its two factors last
 
 
 def _fold_into_products(nodes: list, reads: dict, names: dict, affine: set) -> None:
-    """An average pooling or a sum over a matrix product's output features, where nothing
-    else reads the product, is part of the product (`names` edited in place): P W reaches
-    every weight of its shape, so a Linear followed by one computes what a Linear to fewer
-    features does (a red team folded KernelBench's Matmul_AvgPool_GELU_Scale_Max into one
-    Linear with pooled weights, `mm add` beside `mm add avg_pool1d`). The product's own
-    affine tail (a bias, a scale, whether or not `_chain_affine_maps` merged it into the
-    product's names) is walked through, and nothing else; its rows are the pooling's."""
+    """A linear map of a matrix product's output features, where nothing else reads the
+    product, is part of the product (`names` edited in place): P W reaches every weight of its
+    shape, so a Linear followed by one computes what a Linear to fewer features does (a red
+    team folded KernelBench's Matmul_AvgPool_GELU_Scale_Max into one Linear with pooled
+    weights, `mm add` beside `mm add avg_pool1d`). The maps: an average pooling, a sum or a
+    mean of groups of features, and a product by a constant matrix (a pooling matrix, a
+    second Linear). The product's features are its last dimension, or its first where it
+    multiplies a constant on the left (`W @ x.T`, pooled over its rows and transposed back).
+    The product's own affine tail (a bias, a scale, whether or not `_chain_affine_maps`
+    merged it into the product's names) is walked through, and nothing else; its rows, the
+    batch, are the map's."""
     users = _users(nodes, reads)
     for node in nodes:
-        if tuple(names[node]) not in FEATURE_MAPS or len(reads[node]) != 1:
+        if len(reads[node]) != 1 or not names[node]:
             continue
         source = product = reads[node][0]
         while product in affine and len(reads[product]) == 1 and len(users.get(product, [])) == 1:
             product = reads[product][0]
-        if (product in names and names[product][:1] == ["mm"] and len(users.get(product, [])) == 1
-                and _over_features(source.value, node.value, names[node])):
+        if product not in names or names[product][:1] != ["mm"] or len(users.get(product, [])) != 1:
+            continue
+        first = _features_first(product)
+        if tuple(names[node]) in FEATURE_MAPS and _over_features(source.value, node.value, names[node], first):
             names[node] = []
+        elif names[node][0] == "mm" and _by_a_constant(node, source, first):
+            names[node] = names[node][1:]
 
 
-def _over_features(source: torch.Tensor, mapped: torch.Tensor, name: list) -> bool:
-    """`mapped` keeps `source`'s rows and maps its last dimension: a pooling of it, or its
-    sum or mean (checked on the values: a sum over the rows of a square value keeps as many)."""
-    if source.dim() == 0 or mapped.dim() == 0:
+def _features_first(product) -> bool:
+    """Whether a 2-D matrix product's features are its first dimension: a constant on the
+    left of a variable (`W @ x.T`)."""
+    if _name(product) not in PRODUCTS or product.value.dim() != 2:
         return False
-    rows = source.numel() // max(source.shape[-1], 1)
-    if mapped.numel() % rows or mapped.numel() // rows >= source.shape[-1]:
+    left, right = product.args[-2:]
+    return not getattr(left, "variable", True) and getattr(right, "variable", False)
+
+
+def _by_a_constant(node, source, first: bool) -> bool:
+    """Whether `node` multiplies `source`, as it is, by a constant matrix on its features'
+    side: the product of two linear maps is one."""
+    if _name(node) not in PRODUCTS:
+        return False
+    left, right = node.args[-2:]
+    variable, constant = (right, left) if first else (left, right)
+    return (getattr(variable, "variable", False) and not getattr(constant, "variable", True)
+            and variable.value.shape == source.value.shape and torch.equal(variable.value, source.value))
+
+
+def _over_features(source: torch.Tensor, mapped: torch.Tensor, name: list, first: bool = False) -> bool:
+    """`mapped` keeps `source`'s rows and maps its features (its last dimension, or its first
+    where `first`): a pooling of them, or sums or means of groups of them (checked on the
+    values: a sum over the rows of a square value keeps as many)."""
+    if source.dim() == 0 or mapped.dim() == 0 or (first and (source.dim() != 2 or mapped.dim() != 2)):
+        return False
+    if first:
+        source, mapped = source.t(), mapped.t()
+    rows, features = source.numel() // max(source.shape[-1], 1), source.shape[-1]
+    if mapped.numel() % rows or mapped.numel() // rows >= features:
         return False
     if name[0] != "sum":
         return mapped.numel() // max(mapped.shape[-1], 1) == rows
-    total = source.reshape(rows, -1).float().sum(-1)
-    value = mapped.reshape(-1).float() if mapped.numel() == rows else None
-    return value is not None and (close(value, total) or close(value, total / source.shape[-1]))
+    kept = mapped.numel() // rows
+    if features % kept:
+        return False
+    table, value = source.reshape(rows, -1).float(), mapped.reshape(rows, kept).float()
+    group = features // kept
+    sums = (table.reshape(rows, kept, group).sum(-1), table.reshape(rows, group, kept).sum(1))
+    return any(close(value, total) or close(value, total / group) for total in sums)

@@ -619,3 +619,18 @@ def test_a_per_channel_scale_of_ones_is_read_as_the_multiplication_it_is():
                      init="self.conv = nn.Conv2d(4, 8, 3)\nself.scale = nn.Parameter(torch.ones(1, 8, 1, 1))",
                      inputs="[torch.rand(batch_size, 4, 10, 10)]", constants="batch_size = 4")
     assert harness.trace(task).split() == ["convolution", "mul"]
+
+
+@pytest.mark.parametrize("init, forward, read", [
+    ("self.g = nn.Parameter(torch.ones(1, 8, 8, 8))", "self.conv(x) * self.g", ["convolution", "mul"]),
+    ("self.g = nn.Parameter(torch.zeros(1, 8, 8, 8))", "self.conv(x) + self.g", ["convolution", "add"]),
+    # a kernel of ones kept for the convolution it is, though it reads the same shape
+    ("self.register_buffer('g', torch.ones(8, 1, 2, 2) / 4)", "torch.nn.functional.conv2d(self.conv(x), self.g, "
+     "stride=2, groups=8)", ["convolution", "avg_pool2d"]),
+])
+def test_a_uniform_gain_with_a_window_shape_is_read_unless_a_convolution_takes_it_as_its_kernel(init, forward, read):
+    """A red team's (1, C, H, W) gain of ones, and positional bias of zeros (session 28): they
+    kept their value in the generic reading as a kernel does, and their op read as nothing."""
+    task = make_task(f"return {forward}", init=f"self.conv = nn.Conv2d(4, 8, 3)\n{init}",
+                     inputs="[torch.rand(batch_size, 4, 10, 10)]", constants="batch_size = 4")
+    assert harness.trace(task).split() == read

@@ -219,6 +219,35 @@ def test_a_pointwise_kernel_zero_padded_to_a_window_is_still_a_linear_map():
     assert ops(off_centre, shape=(4, 8, 6, 5)) == ["convolution"]
 
 
+ZERO_BORDERED = F.pad(POINTWISE.weight.detach(), (1, 1, 1, 1))  # a 1x1 kernel inside a 3x3 of zeros
+
+
+@pytest.mark.parametrize("written", [
+    lambda x: F.conv2d(F.pad(x, (1, 1, 1, 1)), ZERO_BORDERED, POINTWISE.bias),  # the padding an explicit F.pad
+    lambda x: F.conv_transpose2d(x, ZERO_BORDERED.transpose(0, 1), POINTWISE.bias, padding=1),
+])
+def test_a_zero_border_is_trimmed_however_the_padding_is_written(written):
+    """A red team's explicit F.pad before the convolution, and a transposed convolution (at
+    stride 1 the convolution of its mirrored kernel), each 0.0 against conv_pointwise_2D
+    (session 28)."""
+    assert ops(written, shape=(4, 8, 6, 5)) == ["mm", "add"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_an_explicit_zero_pad_is_the_convolutions_own_padding(device):
+    padded, bare = nn.Conv2d(8, 12, 3, padding=1), nn.Conv2d(8, 12, 3)
+    assert ops(lambda x: bare(F.pad(x, (1, 1, 1, 1))), bare, device=device) == ops(padded, device=device) \
+        == ["convolution"]
+    assert ops(lambda x: bare(F.pad(x, (0, 2, 0, 2))), bare, device=device) == ["convolution"]  # uneven: still one
+    # a pad something else reads too is no padding of the convolution's alone
+    def shared(x):
+        padded_x = F.pad(x, (1, 1, 1, 1))
+        return bare(padded_x) + padded_x.mean()
+    assert ops(shared, bare, device=device)[:2] == ["constant_pad_nd", "convolution"]
+    # a transposed convolution that is no convolution of the same size stays transposed
+    assert ops(nn.ConvTranspose2d(8, 12, 3, stride=2), device=device) == ["convolution"]
+
+
 def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
     assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution"]
     assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
@@ -292,6 +321,27 @@ def test_a_linear_map_of_a_products_features_is_part_of_the_product(written):
     features is a Linear to fewer features (a red team folded KernelBench's
     Matmul_AvgPool_GELU_Scale_Max so, 0.889 against it in session 27)."""
     assert ops(written, FEATURES, POOLED_FEATURES, shape=(4, 8)) == ["mm", "add", "gelu"]
+
+
+POOLING_MATRIX = torch.eye(4).repeat_interleave(4, 0) / 4  # (16, 4): the mean of each four features
+
+
+@pytest.mark.parametrize("written", [
+    lambda x: F.gelu((FEATURES.weight @ x.T + FEATURES.bias[:, None]).view(4, 4, 4).mean(1).T),  # pooled rows
+    lambda x: F.gelu(FEATURES(x) @ POOLING_MATRIX),  # a product by a constant pooling matrix
+    lambda x: F.gelu(FEATURES(x).view(4, 4, 4).mean(1)),  # features four apart
+])
+def test_a_linear_map_of_a_products_features_is_part_of_it_on_either_side(written):
+    """A red team's pooling over `W @ x.T`'s rows transposed back (0.889 against
+    Matmul_AvgPool_GELU_Scale_Max), and as a product by a constant matrix (`mm add mm`, 0.909)."""
+    assert ops(written, FEATURES, shape=(4, 8)) == ["mm", "add", "gelu"]
+
+
+def test_a_map_over_the_batch_or_by_a_variable_is_not_part_of_the_product():
+    mixing = torch.randn(4, 4)
+    assert ops(lambda x: torch.relu(mixing @ FEATURES(x)), FEATURES, shape=(4, 8)) == ["mm", "add", "mm", "relu"]
+    assert ops(lambda x: torch.relu(FEATURES(x).sum(0)), FEATURES, shape=(4, 8)) == ["mm", "add", "sum", "relu"]
+    assert ops(lambda x: torch.tanh(FEATURES(x) @ FEATURES(x).T), FEATURES, shape=(4, 8))[-2:] == ["mm", "tanh"]
 
 
 def test_a_square_or_a_reciprocal_of_a_product_is_no_scale_to_fold_through():
