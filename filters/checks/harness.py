@@ -282,6 +282,6 @@ def _generic_weights(model: torch.nn.Module, kernels: frozenset = frozenset()) -
         elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and not _window_kernel(tensor, kernels)):
             # a constant kernel with a window (a convolution's by 1 / k^2) makes nothing look
             # like an identity: it is a pooling, and is read as one. A (1, C, 1, 1) scale of
-            # ones has no window, and a (1, C, H, W) gain no convolution reads as its kernel
+            # ones has no window, and a (1, C, H, W) gain no convolution takes as its kernel
             # (`kernels`, op_graph_and_drops): spread, or its multiplication read as nothing
             tensor.add_(torch.randn_like(tensor) * 0.2)

@@ -5,6 +5,8 @@ the sequence does not spell as itself is `unspelled` (`_Unspelled`).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from filters.computation.names import (LAYOUT_ONLY, NORM_NAMES, BOUNDING, _merged_branches, _name, canonical,
@@ -138,7 +140,8 @@ class _Equivalences(_Unspelled, _Recognisers):
         live = self._live(outputs)
         nodes = [op for op in self.ops if op in live and op.variable]
         reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
-        unspelled = _merged_branches(nodes, lambda n: reads[n], self.names) | padded_by_convolutions(nodes)
+        unspelled = _merged_branches(nodes, lambda n: reads[n], self.names) | \
+            padded_by_convolutions(nodes, lambda n: reads[n])
         names = {node: self.names(node) for node in nodes if node not in unspelled}
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
@@ -335,27 +338,55 @@ def _fold_into_products(nodes: list, reads: dict, names: dict, affine: set) -> N
     product, is part of the product (`names` edited in place): P W reaches every weight of its
     shape, so a Linear followed by one computes what a Linear to fewer features does (a red
     team folded KernelBench's Matmul_AvgPool_GELU_Scale_Max into one Linear with pooled
-    weights, `mm add` beside `mm add avg_pool1d`). The maps: an average pooling, a sum or a
-    mean of groups of features, and a product by a constant matrix (a pooling matrix, a
-    second Linear). The product's features are its last dimension, or its first where it
-    multiplies a constant on the left (`W @ x.T`, pooled over its rows and transposed back).
-    The product's own affine tail (a bias, a scale, whether or not `_chain_affine_maps`
-    merged it into the product's names) is walked through, and nothing else; its rows, the
+    weights, `mm add` beside `mm add avg_pool1d`). The maps: an average pooling of the
+    features, sums or means of groups of them, and a product by a constant matrix on their
+    side (a pooling matrix, a second Linear); one map of another folds in too. The product's
+    own affine tail (a bias, a scale, whether or not `_chain_affine_maps` merged it into the
+    product's names) and transposes are walked through, and nothing else; its rows, the
     batch, are the map's."""
     users = _users(nodes, reads)
+    folded: dict = {}  # a map folded into a product -> whether its features are its first dimension
     for node in nodes:
         if len(reads[node]) != 1 or not names[node]:
             continue
-        source = product = reads[node][0]
-        while product in affine and len(reads[product]) == 1 and len(users.get(product, [])) == 1:
-            product = reads[product][0]
-        if product not in names or names[product][:1] != ["mm"] or len(users.get(product, [])) != 1:
+        source = reads[node][0]
+        first = _features_below(source, reads, users, names, affine, folded)
+        if first is None:
             continue
-        first = _features_first(product)
         if tuple(names[node]) in FEATURE_MAPS and _over_features(source.value, node.value, names[node], first):
             names[node] = []
+            folded[node] = first and node.value.dim() == 2
         elif names[node][0] == "mm" and _by_a_constant(node, source, first):
             names[node] = names[node][1:]
+            folded[node] = first
+
+
+def _features_below(source, reads: dict, users: dict, names: dict, affine: set, folded: dict) -> bool | None:
+    """Whether `source`'s features are its first dimension, where it is a matrix product (or a
+    map folded into one) through its affine tail and transposes, each read by the next alone;
+    None where it is not."""
+    node, flipped = source, False
+    while True:
+        if len(users.get(node, [])) != 1:
+            return None
+        if node in folded:
+            return folded[node] != flipped
+        if node in names and names[node][:1] == ["mm"]:
+            return _features_first(node) != flipped
+        if len(reads.get(node, [])) != 1:
+            return None
+        below = reads[node][0]
+        if _name(node) in LAYOUT_ONLY:
+            if not _transposed(node.value, below.value):
+                return None
+            flipped = not flipped
+        elif node not in affine:
+            return None
+        node = below
+
+
+def _transposed(value, below) -> bool:
+    return value.dim() == below.dim() == 2 and value.shape == below.shape[::-1] and torch.equal(value, below.t())
 
 
 def _features_first(product) -> bool:
@@ -374,27 +405,35 @@ def _by_a_constant(node, source, first: bool) -> bool:
         return False
     left, right = node.args[-2:]
     variable, constant = (right, left) if first else (left, right)
-    return (getattr(variable, "variable", False) and not getattr(constant, "variable", True)
-            and variable.value.shape == source.value.shape and torch.equal(variable.value, source.value))
+    if not getattr(variable, "variable", False) or getattr(constant, "variable", True) or variable.value.dim() != 2:
+        return False
+    features = variable.value.shape[0] if first else variable.value.shape[-1]
+    return (source.value.shape[0 if first else -1] == features and variable.value.numel() == source.value.numel()
+            and torch.equal(variable.value.reshape(-1), source.value.reshape(-1)))
 
 
 def _over_features(source: torch.Tensor, mapped: torch.Tensor, name: list, first: bool = False) -> bool:
     """`mapped` keeps `source`'s rows and maps its features (its last dimension, or its first
     where `first`): a pooling of them, or sums or means of groups of them (checked on the
     values: a sum over the rows of a square value keeps as many)."""
-    if source.dim() == 0 or mapped.dim() == 0 or (first and (source.dim() != 2 or mapped.dim() != 2)):
+    if source.dim() == 0 or mapped.dim() == 0 or (first and source.dim() != 2):
         return False
     if first:
-        source, mapped = source.t(), mapped.t()
+        source = source.t()
     rows, features = source.numel() // max(source.shape[-1], 1), source.shape[-1]
-    if mapped.numel() % rows or mapped.numel() // rows >= features:
+    if mapped.numel() == rows:
+        table = mapped.reshape(rows, 1)
+    elif first and mapped.dim() == 2 and mapped.shape[1] == rows:
+        table = mapped.t()
+    elif not first and math.prod(mapped.shape[:-1]) == rows:
+        table = mapped.reshape(rows, -1)
+    else:
+        return False
+    kept = table.shape[1]
+    if kept >= features or features % kept:
         return False
     if name[0] != "sum":
-        return mapped.numel() // max(mapped.shape[-1], 1) == rows
-    kept = mapped.numel() // rows
-    if features % kept:
-        return False
-    table, value = source.reshape(rows, -1).float(), mapped.reshape(rows, kept).float()
-    group = features // kept
-    sums = (table.reshape(rows, kept, group).sum(-1), table.reshape(rows, group, kept).sum(1))
-    return any(close(value, total) or close(value, total / group) for total in sums)
+        return not first  # a pooling's windows lie along the last dimension
+    values, group = source.reshape(rows, -1).float(), features // kept
+    sums = (values.reshape(rows, kept, group).sum(-1), values.reshape(rows, group, kept).sum(1))
+    return any(close(table.float(), total) or close(table.float(), total / group) for total in sums)

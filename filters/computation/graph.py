@@ -34,7 +34,7 @@ import torch.utils._pytree
 
 from filters.computation.equivalences import _Equivalences
 from filters.computation.memory import _storage
-from filters.computation.names import LAYOUT_ONLY, _name, _primitives, canonical, named_composites
+from filters.computation.names import _name, _primitives, canonical, named_composites
 from filters.computation.record import _Op, _Recorder, _writes_its_own
 from filters.computation.values import close
 
@@ -85,7 +85,7 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
     if own.symbolic or (generic is None and spread is None):
         return own.sequence, own.unspelled_names
     if spread is not None:
-        spread(model, own.kernels_alone)
+        spread(model, own.kernels)
     other = _Reading(model, generic if generic is not None else inputs)
     if other.targets != own.targets:
         # the task's control flow reads its data (a branch on the size of `x[x < 0]`): a red
@@ -113,7 +113,7 @@ class _Reading:
     def __init__(self, model: torch.nn.Module, inputs: list):
         recorder, outputs = _recorded(model, inputs)
         self.targets = [op.target for op in recorder.ops]
-        self.kernels_alone = _kernels_alone(recorder)
+        self.kernels = _kernels(recorder)
         self.python_data = recorder.python_data
         self.symbolic = not outputs or any(t.device.type == "meta" for t in outputs)
         self.constant = False
@@ -133,35 +133,32 @@ class _Reading:
         self.unspelled_names = [name for op in unspelled for name in canonical(op)]
 
 
-def _kernels_alone(recorder: "_Recorder") -> frozenset:
-    """The storages of the leaves (weights, buffers) that every op reading them reads as a
-    convolution's kernel, through layout ops (an expand, a repeat of a view): a uniform one of
-    those is a pooling (a depthwise convolution by 1 / k^2) and keeps its value in the generic
-    reading, where a uniform gain or bias read by any other op is given a spread, or its op
-    reads as nothing (a (1, C, H, W) gain of ones kept its value as a kernel would)."""
-    kernel, other = set(), set()
+def _kernels(recorder: "_Recorder") -> frozenset:
+    """The storages of the leaves (weights, buffers) that a convolution of the inputs takes as
+    its kernel, through any ops of constants (`w / k ** 2`, a repeat, a cat): a uniform one is a
+    pooling (a depthwise convolution by 1 / k^2) and keeps its value in the generic reading, where
+    a uniform gain or bias no convolution takes is given a spread, or its op reads as nothing (a
+    (1, C, H, W) gain of ones kept its value as a kernel would). A kernel something else reads
+    too is still a kernel: spread, a pooling written as a constant-kernel convolution read as a
+    convolution (a red team's second reader, `* w.sum().sign()`, did that)."""
+    kernels = set()
     for op in recorder.ops:
-        if _name(op) in LAYOUT_ONLY:
-            continue
-        convolution = _name(op) == "convolution" and len(op.args) > 1
-        for node in op.inputs + op.leaves:
-            roots = _leaf_storages(node)
-            (kernel if convolution and node is op.args[1] else other).update(roots)
-        if convolution and isinstance(op.args[1], _Op) and op.args[1] in op.args[:1] + op.args[2:]:
-            other.update(_leaf_storages(op.args[1]))  # the image or bias too
-    return frozenset(kernel - other)
+        if op.variable and _name(op) == "convolution" and len(op.args) > 1 and isinstance(op.args[1], _Op):
+            kernels |= _constant_leaves(op.args[1])
+    return frozenset(kernels)
 
 
-def _leaf_storages(node) -> set:
+def _constant_leaves(node: "_Op") -> set:
+    """The storages of the leaves a constant is made of."""
     storages, frontier, seen = set(), [node], set()
     while frontier:
         node = frontier.pop()
-        if id(node) in seen or not isinstance(node, _Op):
+        if id(node) in seen or not isinstance(node, _Op) or node.variable:
             continue
         seen.add(id(node))
         if node.target is None:
             storages.add(_storage(node.value))
-        elif _name(node) in LAYOUT_ONLY:
+        else:
             frontier.extend(node.inputs + node.leaves)
     return storages
 

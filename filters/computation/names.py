@@ -176,62 +176,110 @@ def canonical(node, symbolic: bool = False) -> list[str]:
 
 
 def _convolution_name(image, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> list[str]:
-    """A recorded convolution's name, read as the convolution it computes: an explicit zero
-    F.pad of its image is its padding (`padded_by_convolutions` drops the pad itself), a
+    """A recorded convolution's name, read as the convolution it computes: explicit pads of its
+    image are its padding (`explicit_padding`; `padded_by_convolutions` drops the pads), a
     transposed one at stride 1 is the convolution of the mirrored kernel padded by
     dilation (k - 1) - padding, and a kernel's zero border is trimmed with the padding it reads."""
-    padding = _ints(padding)
-    pads = zero_pad(image)
-    if pads is not None and not transposed:
-        image, padding = image.args[0], _padding_with(pads, padding, _ndim(image) - 2)
+    if not transposed:
+        image, padding, _ = explicit_padding(image, weight, padding, dilation)
     if transposed and all(s == 1 for s in _ints(stride)) and not any(_ints(output_padding)) and \
-            isinstance(_shape(weight), tuple) and padding is not None:
+            isinstance(_shape(weight), tuple):
         spatial = _shape(weight)[2:]
-        same = [d * (k - 1) - p for k, p, d in zip(spatial, _spread(padding, len(spatial)),
+        same = [d * (k - 1) - p for k, p, d in zip(spatial, _spread(_ints(padding), len(spatial)),
                                                      _spread(_ints(dilation), len(spatial)))]
         if all(p >= 0 for p in same):
             transposed, padding = False, tuple(same)
-    kernel, padding = (_shape(weight), padding) if transposed or padding is None else \
+    kernel, padding = (_shape(weight), padding) if transposed else \
         zero_border_trimmed(getattr(weight, "value", None), padding, dilation)
-    return convolution_name(_shape(image), kernel, stride, padding if padding is not None else (1,), groups,
-                            bias is not None, transposed=bool(transposed))
+    return convolution_name(_shape(image), kernel, stride, padding, groups, bias is not None,
+                            transposed=bool(transposed))
 
 
-def zero_pad(node) -> tuple | None:
-    """The widths of a zero `constant_pad_nd` (F.pad's default), last dimension first; None
-    for any other op."""
-    if not isinstance(node, _Op) or node.target is None or _name(node) != "constant_pad_nd" or len(node.args) < 2:
+UNEVEN = "uneven"  # the padding of a convolution under a zero pad wider on one side
+PADS = frozenset({"constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
+                  "replication_pad1d", "replication_pad2d", "replication_pad3d"})
+COPIES = frozenset({"view", "unsafe_view", "reshape", "clone", "contiguous", "alias", "detach", "to_copy",
+                    "lift_fresh_copy", "copy"})  # at the same shape: the same values
+
+
+def explicit_padding(image, weight, padding, dilation) -> tuple:
+    """(the image under a convolution's explicit pads, its padding with theirs added, the pad
+    and copy nodes taken in). Pads of zeros (F.pad's default), one on another and through
+    copies, are padding; pads of another value or mode are too where the kernel's zero border
+    is as deep as them all, so that no tap reads them. Widths must be the same on both sides of
+    each spatial dimension (zeros may be wider on one side: UNEVEN), none negative (a crop), and
+    none on the batch or the channels: else the image is the pad, spelled (a red team cropped
+    with F.pad(x, (-2,) * 4) and padded back)."""
+    spatial, node, taken, widths, zeros = _ndim(image) - 2, image, [], None, True
+    if isinstance(padding, str):  # 'same' or 'valid'
+        return image, padding, []
+    while True:
+        node, copies = _through_copies(node)
+        pads = _pad_widths(node)
+        if pads is None or spatial < 1:
+            break
+        taken += copies + [node]
+        zeros = zeros and _name(node) == "constant_pad_nd" and _pad_value(node) == 0
+        widths = pads if widths is None else tuple((a + c, b + d) for (a, b), (c, d) in zip(widths, pads))
+        node = node.args[0]
+    if widths is None or len(widths) != 2 + spatial or any(a or b for a, b in widths[:2]) or \
+            any(a < 0 or b < 0 for a, b in widths):
+        return image, padding, []
+    if any(a != b for a, b in widths[2:]):  # a convolution all the same, its padding no window's own
+        return (node, UNEVEN, taken) if zeros else (image, padding, [])
+    added = tuple(a for a, _ in widths[2:])
+    total = tuple(p + a for p, a in zip(_spread(_ints(padding), spatial), added))
+    if not zeros and (any(_ints(padding)) or any(zero_border_trimmed(getattr(weight, "value", None), total,
+                                                                      dilation)[1])):
+        return image, padding, []
+    return node, total, taken
+
+
+def _through_copies(node) -> tuple:
+    copies = []
+    while isinstance(node, _Op) and node.target is not None and _name(node) in COPIES and node.inputs and \
+            _shape(node) == _shape(node.inputs[0]):
+        copies.append(node)
+        node = node.inputs[0]
+    return node, copies
+
+
+def _pad_widths(node) -> tuple | None:
+    """A pad's widths per dimension as (before, after), the first dimension first; None for any other op."""
+    if not isinstance(node, _Op) or node.target is None or _name(node) not in PADS or len(node.args) < 2:
         return None
-    value = node.args[2] if len(node.args) > 2 else 0
-    return tuple(_ints(node.args[1])) if isinstance(value, (int, float)) and value == 0 else None
-
-
-def _padding_with(pads: tuple, padding: tuple, spatial: int) -> tuple | None:
-    """A convolution's padding with an explicit pad of its image added, where the pad is the same
-    on both sides of each spatial dimension and pads nothing else; else None (padded unevenly)."""
-    pairs = [pads[i:i + 2] for i in range(0, len(pads), 2)][::-1]  # first dimension first
-    pairs = [(0, 0)] * (2 + spatial - len(pairs)) + pairs
-    if any(a or b for a, b in pairs[:2]) or any(a != b for a, b in pairs[2:]) or len(pairs) != 2 + spatial:
+    if _name(node) == "constant_pad_nd" and not isinstance(_pad_value(node), (int, float)):
         return None
-    return tuple(p + a for p, (a, _) in zip(_spread(padding, spatial), pairs[2:]))
+    flat = tuple(_ints(node.args[1]))
+    pairs = [tuple(flat[i:i + 2]) for i in range(0, len(flat), 2)][::-1]
+    return tuple([(0, 0)] * (_ndim(node) - len(pairs)) + pairs)
+
+
+def _pad_value(node):
+    return node.args[2] if len(node.args) > 2 else 0
 
 
 def _spread(values: tuple, count: int) -> tuple:
     return tuple(values) * count if len(values) == 1 else tuple(values)
 
 
-def padded_by_convolutions(nodes: list) -> set:
-    """The zero pads of `nodes` read by convolutions alone, as their image: each is that
-    convolution's padding, spelled apart (a red team's zero-padded 1x1 kernel after an
-    explicit F.pad read `constant_pad_nd convolution`, 0.0 against KernelBench's
-    conv_pointwise_2D, and any padded convolution so written 0.667 against its original)."""
+def padded_by_convolutions(nodes: list, inputs_of=lambda node: node.inputs) -> set:
+    """The pads (and the copies between them) of `nodes` that convolutions take as their
+    padding (`explicit_padding`) and nothing else reads: each is that convolution's padding,
+    spelled apart (a red team's zero-padded 1x1 kernel after an explicit F.pad read
+    `constant_pad_nd convolution`, 0.0 against KernelBench's conv_pointwise_2D, and any padded
+    convolution so written 0.667 against its original)."""
     readers: dict = {}
     for node in nodes:
-        for read in node.inputs:
-            readers.setdefault(read, []).append(node)
-    return {node for node in nodes if zero_pad(node) is not None and readers.get(node)
-            and all(_name(r) == "convolution" and len(r.args) >= 9 and not r.args[6] and r.args[0] is node
-                    and r.args[1] is not node for r in readers[node])}
+        for read in inputs_of(node):
+            readers.setdefault(read, set()).add(node)
+    taken, by = set(), set()
+    for node in nodes:
+        if _name(node) == "convolution" and len(node.args) >= 9 and not node.args[6]:
+            absorbed = explicit_padding(node.args[0], node.args[1], node.args[4], node.args[5])[2]
+            taken.update(absorbed)
+            by.update([node] if absorbed else [])
+    return {node for node in taken if readers.get(node) and readers[node] <= taken | by}
 
 
 def convolution_name(image: tuple | None, kernel: tuple | None, stride, padding, groups: int,

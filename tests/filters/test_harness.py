@@ -627,6 +627,11 @@ def test_a_per_channel_scale_of_ones_is_read_as_the_multiplication_it_is():
     # a kernel of ones kept for the convolution it is, though it reads the same shape
     ("self.register_buffer('g', torch.ones(8, 1, 2, 2) / 4)", "torch.nn.functional.conv2d(self.conv(x), self.g, "
      "stride=2, groups=8)", ["convolution", "avg_pool2d"]),
+    # session 29's red team: the kernel made in forward, and read by something else too
+    ("self.register_buffer('g', torch.ones(8, 1, 2, 2))", "torch.nn.functional.conv2d(self.conv(x), self.g / 2 ** 2, "
+     "stride=2, groups=8)", ["convolution", "avg_pool2d"]),
+    ("self.register_buffer('g', torch.ones(8, 1, 2, 2) / 4)", "torch.nn.functional.conv2d(self.conv(x), "
+     "torch.cat([self.g[:4], self.g[4:]]), stride=2, groups=8) * self.g.sum().sign()", ["convolution", "avg_pool2d"]),
 ])
 def test_a_uniform_gain_with_a_window_shape_is_read_unless_a_convolution_takes_it_as_its_kernel(init, forward, read):
     """A red team's (1, C, H, W) gain of ones, and positional bias of zeros (session 28): they

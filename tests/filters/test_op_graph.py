@@ -222,15 +222,34 @@ def test_a_pointwise_kernel_zero_padded_to_a_window_is_still_a_linear_map():
 ZERO_BORDERED = F.pad(POINTWISE.weight.detach(), (1, 1, 1, 1))  # a 1x1 kernel inside a 3x3 of zeros
 
 
+def _viewed(x):
+    return x.view(x.shape)
+
+
 @pytest.mark.parametrize("written", [
     lambda x: F.conv2d(F.pad(x, (1, 1, 1, 1)), ZERO_BORDERED, POINTWISE.bias),  # the padding an explicit F.pad
     lambda x: F.conv_transpose2d(x, ZERO_BORDERED.transpose(0, 1), POINTWISE.bias, padding=1),
+    # session 29's red team: through a copy, one pad on another, pads no tap of the kernel reads
+    lambda x: F.conv2d(_viewed(F.pad(x, (1, 1, 1, 1))), ZERO_BORDERED, POINTWISE.bias),
+    lambda x: F.conv2d(F.pad(F.pad(x, (1, 1, 0, 0)), (0, 0, 1, 1)), ZERO_BORDERED, POINTWISE.bias),
+    lambda x: F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), ZERO_BORDERED, POINTWISE.bias),
+    lambda x: F.conv2d(F.pad(x, (1, 1, 1, 1), value=1.0), ZERO_BORDERED, POINTWISE.bias),
 ])
 def test_a_zero_border_is_trimmed_however_the_padding_is_written(written):
     """A red team's explicit F.pad before the convolution, and a transposed convolution (at
     stride 1 the convolution of its mirrored kernel), each 0.0 against conv_pointwise_2D
     (session 28)."""
+    assert torch.allclose(written(torch.ones(1, 8, 6, 5)), POINTWISE(torch.ones(1, 8, 6, 5)), atol=1e-5)
     assert ops(written, shape=(4, 8, 6, 5)) == ["mm", "add"]
+
+
+def test_a_crop_written_as_a_negative_pad_is_no_padding():
+    """A red team zeroed a border with F.pad(x, (-2,) * 4) and padding 2: not the pointwise map."""
+    cropped = ops(lambda x: F.conv2d(F.pad(x, (-2,) * 4), POINTWISE.weight, padding=2), shape=(4, 8, 12, 12))
+    assert cropped == ["constant_pad_nd", "convolution"]
+    # a pad of ones that the kernel's taps read stays
+    assert ops(lambda x: F.conv2d(F.pad(x, (1,) * 4, value=1.0), CONV.weight), shape=(4, 8, 6, 5))[0] == \
+        "constant_pad_nd"
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
@@ -246,6 +265,11 @@ def test_an_explicit_zero_pad_is_the_convolutions_own_padding(device):
     assert ops(shared, bare, device=device)[:2] == ["constant_pad_nd", "convolution"]
     # a transposed convolution that is no convolution of the same size stays transposed
     assert ops(nn.ConvTranspose2d(8, 12, 3, stride=2), device=device) == ["convolution"]
+
+
+def test_values_whose_difference_float32_cannot_hold_are_compared():
+    """A red team's `-(tanh(x) * 3e38)`: finite values 6e38 apart recursed without end."""
+    assert ops(lambda x: -(torch.tanh(x) * 3e38), shape=(4, 8)) == ["tanh", "mul"]
 
 
 def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
@@ -330,6 +354,9 @@ POOLING_MATRIX = torch.eye(4).repeat_interleave(4, 0) / 4  # (16, 4): the mean o
     lambda x: F.gelu((FEATURES.weight @ x.T + FEATURES.bias[:, None]).view(4, 4, 4).mean(1).T),  # pooled rows
     lambda x: F.gelu(FEATURES(x) @ POOLING_MATRIX),  # a product by a constant pooling matrix
     lambda x: F.gelu(FEATURES(x).view(4, 4, 4).mean(1)),  # features four apart
+    # session 29's red team: transposed back before an average pooling, and one map after another
+    lambda x: F.gelu(F.avg_pool1d((FEATURES.weight @ x.T + FEATURES.bias[:, None]).T[:, None], 4)[:, 0]),
+    lambda x: F.gelu(F.avg_pool1d(FEATURES(x)[:, None], 2)[:, 0] @ (torch.eye(4).repeat_interleave(2, 0) / 2)),
 ])
 def test_a_linear_map_of_a_products_features_is_part_of_it_on_either_side(written):
     """A red team's pooling over `W @ x.T`'s rows transposed back (0.889 against
@@ -337,10 +364,23 @@ def test_a_linear_map_of_a_products_features_is_part_of_it_on_either_side(writte
     assert ops(written, FEATURES, shape=(4, 8)) == ["mm", "add", "gelu"]
 
 
+def test_a_sum_of_a_products_features_on_its_first_dimension_is_part_of_it():
+    """A red team's KernelBench Gemm_Divide_Sum_Scaling as `(W @ x.T / 2).sum(0)` (0.857)."""
+    weight = FEATURES.weight
+    assert ops(lambda x: (weight @ x.T / 2).sum(0)[:, None] * 1.5, shape=(4, 8)) == \
+        ops(lambda x: (x @ weight.T / 2).sum(1, keepdim=True) * 1.5, shape=(4, 8)) == ["mm", "mul", "mul"]
+
+
 def test_a_map_over_the_batch_or_by_a_variable_is_not_part_of_the_product():
     mixing = torch.randn(4, 4)
     assert ops(lambda x: torch.relu(mixing @ FEATURES(x)), FEATURES, shape=(4, 8)) == ["mm", "add", "mm", "relu"]
     assert ops(lambda x: torch.relu(FEATURES(x).sum(0)), FEATURES, shape=(4, 8)) == ["mm", "add", "sum", "relu"]
+    # session 29's red team: the batch mixed, or summed in pairs, behind a transpose
+    assert ops(lambda x: torch.relu((FEATURES(x).T @ mixing.T).T), FEATURES, shape=(4, 8)) == \
+        ["mm", "add", "mm", "relu"]
+    assert ops(lambda x: torch.relu(FEATURES(x).T.reshape(16, 2, 2).sum(-1).T), FEATURES, shape=(4, 8)) == \
+        ["mm", "add", "sum", "relu"]
+    assert ops(lambda x: torch.relu(FEATURES(x).T.sum(1)), FEATURES, shape=(4, 8)) == ["mm", "add", "sum", "relu"]
     assert ops(lambda x: torch.tanh(FEATURES(x) @ FEATURES(x).T), FEATURES, shape=(4, 8))[-2:] == ["mm", "tanh"]
 
 
