@@ -12,7 +12,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from filters.computation.names import canonical, convolution_name, norm_name, zero_border_trimmed
+from filters.computation.names import CHANNEL, SCALAR, canonical, convolution_name, norm_name, zero_border_trimmed
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -49,7 +49,9 @@ class _Recognisers:
                 name = next((name for name, test in along if test(node.value.float())), None)
             if name:
                 return (name,), [node]
-        return self._reduction(op, window) or self._pool(op, window)
+        # a maximum over windows is a pooling before it is a reduction of the windows' view
+        return self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
+            self._reduction(op, window, REDUCTIONS[1:])
 
     def _elementwise(self, op, node) -> str | None:
         target, source = self._sample(op), self._sample(node)
@@ -75,7 +77,9 @@ class _Recognisers:
             return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
         return "leaky_relu" if _leaky(source, target) else None
 
-    def _reduction(self, op, window):
+    def _reduction(self, op, window, reductions):
+        """A log-sum-exp, maximum or minimum of an earlier value along one dimension, however
+        written (an adversary's minimum as `-amax(-t)` read `mul max mul`)."""
         target = op.value.float()
         for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1)):
             source = node.value.float()
@@ -83,10 +87,12 @@ class _Recognisers:
                 keep = source.dim() == target.dim()
                 reduced = list(source.shape)
                 reduced[dim:dim + 1] = [1] if keep else []
-                if (tuple(reduced) == tuple(target.shape) and source.shape[dim] > 1
-                        and not _apart(*_end_fibres_reduced(source, target, dim))
-                        and close(torch.logsumexp(source, dim, keepdim=keep), target)):
-                    return ("logsumexp",), [node]
+                if tuple(reduced) != tuple(target.shape) or source.shape[dim] < 2:
+                    continue
+                for name, reduce in reductions:
+                    if (not _apart(*_end_fibres_reduced(source, target, dim, reduce))
+                            and close(reduce(source, dim, keepdim=keep), target)):
+                        return (name,), [node]
         return None
 
     def _pool(self, op, window):
@@ -121,7 +127,10 @@ class _Recognisers:
             for kind, kernel, stride, padding, dilation in _pool_settings(x.shape[2:], target.shape[2:]):
                 # one channel of one sample rules most settings out, in microseconds: only what
                 # passes it counts against the contractions a reading may try
-                if not close(_pooled(kind, x[:1, :1], kernel, stride, padding, dilation), target[:1, :1], 1e-4):
+                try:
+                    if not close(_pooled(kind, x[:1, :1], kernel, stride, padding, dilation), target[:1, :1], 1e-4):
+                        continue
+                except RuntimeError:  # a window wider than the padded value (an adversary's 3-D task raised here)
                     continue
                 self._tested()
                 if close(_pooled(kind, x, kernel, stride, padding, dilation), target, 1e-4):
@@ -406,6 +415,16 @@ def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, .
 
 
 def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
+    fit = _affine_coefficients(source, target, dim)
+    if fit is None:
+        return None
+    a, b = fit
+    scaled, shifted = not close(a, torch.ones_like(a)), bool(b.abs().max() > 1e-4 * target.abs().max())
+    return ("mul",) * scaled + ("add",) * shifted or None
+
+
+def _affine_coefficients(source: torch.Tensor, target: torch.Tensor, dim) -> tuple | None:
+    """(a, b) with target = a * source + b, scalars (dim None) or one per index along `dim`."""
     x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
         (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
     if x.shape[1] < 4:
@@ -416,17 +435,33 @@ def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, .
         return None
     a = ((x - xm) * (y - ym)).mean(1, keepdim=True) / var
     b = ym - a * xm
-    if not close(a * x + b, y):
+    return (a, b) if close(a * x + b, y) else None
+
+
+def affine_reach(source: torch.Tensor, target: torch.Tensor) -> tuple | None:
+    """(SCALAR or CHANNEL, whether the scale is positive) where `target` is an affine map of
+    `source` by constants the same at every position: scalars, or one per channel."""
+    if source.numel() != target.numel() or not source.is_floating_point():
         return None
-    scaled, shifted = not close(a, torch.ones_like(a)), bool(b.abs().max() > 1e-4 * y.abs().max())
-    return ("mul",) * scaled + ("add",) * shifted or None
+    source = source.reshape(target.shape)  # a view between (`[:, None]`) is the same value
+    for reach, dim in ((SCALAR, None), (CHANNEL, 1)):
+        if dim is not None and target.dim() < 3:
+            continue
+        fit = _affine_coefficients(source.float(), target.float(), dim)
+        if fit is not None:
+            return reach, bool((fit[0] > 0).all())
+    return None
 
 
-def _end_fibres_reduced(source: torch.Tensor, target: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The log-sum-exp along `dim` of the first and the last fibre of `source`, and the two
-    elements of `target` they would be (`_reduction` rules most candidates out on these)."""
+REDUCTIONS = (("logsumexp", torch.logsumexp), ("max", torch.amax), ("min", torch.amin))
+
+
+def _end_fibres_reduced(source: torch.Tensor, target: torch.Tensor, dim: int,
+                        reduce=torch.logsumexp) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reduce` along `dim` of the first and the last fibre of `source`, and the two elements
+    of `target` they would be (`_reduction` rules most candidates out on these)."""
     ends = [tuple(slice(None) if d == dim else end for d in range(source.dim())) for end in (0, -1)]
-    reduced = torch.stack([torch.logsumexp(source[index], 0) for index in ends])
+    reduced = torch.stack([reduce(source[index], 0) for index in ends])
     kept = [tuple(i for d, i in enumerate(index) if d != dim or source.dim() == target.dim()) for index in ends]
     return reduced, torch.stack([target[tuple(0 if isinstance(i, slice) else i for i in index)] for index in kept])
 

@@ -17,6 +17,7 @@ from filters.computation.memory import OVERLAP_SEARCH_NODES, UntracedAliasing, _
 from filters.computation.recognise import GROUP_COUNTS_TRIED, TraceTooLong, _dim_tests, _matmul_shape
 from filters.computation.values import ELEMENT_TOLERANCE, _apart, _apart_values, close
 from filters.grammar import static_check
+from filters.similarity.score import encode, sequence_similarity
 from tests.disguise import EQUIVALENTS, NotApplicable
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "level2"
@@ -272,6 +273,36 @@ def test_values_whose_difference_float32_cannot_hold_are_compared():
     assert ops(lambda x: -(torch.tanh(x) * 3e38), shape=(4, 8)) == ["tanh", "mul"]
 
 
+BIAS = torch.randn(1, 8, 1, 1)
+X_IMAGE = torch.randn(4, 8, 6, 5)
+
+
+@pytest.mark.parametrize("original, written", [
+    # an adversary's rewrites of KernelBench level 2 (session 29), each 0.74-0.83 against its original
+    (lambda x: F.hardtanh(F.max_pool2d(x, 2)), lambda x: F.max_pool2d(F.hardtanh(x), 2)),
+    (lambda x: F.avg_pool2d(torch.tanh(x) - 0.5, 2), lambda x: F.avg_pool2d(torch.tanh(x), 2) - 0.5),
+    (lambda x: F.max_pool2d(torch.tanh(x) * 2.0 + BIAS, 2), lambda x: torch.addcmul(BIAS, F.max_pool2d(torch.tanh(x), 2),
+                                                                                   torch.tensor(2.0))),
+    (lambda x: torch.tanh(torch.amin(x, 1)), lambda x: -torch.amax(-torch.tanh(x), 1)),  # a minimum as -max(-x)
+    (lambda x: torch.relu(x) + BIAS, lambda x: torch.maximum(x + BIAS, BIAS.expand(4, 8, 6, 5))),
+])
+def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(original, written):
+    assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
+    score = sequence_similarity(encode(ops(original)), encode(ops(written)))
+    assert score > 0.9, (ops(original), ops(written))
+
+
+@pytest.mark.parametrize("first, second", [
+    (lambda x: F.avg_pool2d(x * x, 2), lambda x: F.avg_pool2d(x, 2) * F.avg_pool2d(x, 2)),  # a square is no scale
+    (lambda x: F.max_pool2d(x * -2.0, 2), lambda x: F.max_pool2d(x, 2) * -2.0),  # a negative scale: a minimum
+    (lambda x: torch.relu(x + 1.0), lambda x: torch.relu(x) + 1.0),
+    (lambda x: torch.amax(x + BIAS, 1), lambda x: torch.amax(x, 1) + 1.0),  # a bias per channel, maximised over them
+])
+def test_ops_that_do_not_commute_keep_their_order(first, second):
+    assert not torch.allclose(first(X_IMAGE), second(X_IMAGE))
+    assert ops(first) != ops(second)
+
+
 def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
     assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution"]
     assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
@@ -332,7 +363,8 @@ with torch.no_grad():
     lambda x: x.reshape(4, -1, 2).max(-1).values,
 ])
 def test_a_pooling_of_each_rows_features_reads_as_one_however_written(written):
-    assert ops(lambda x: written(torch.tanh(x)), shape=(4, 16)) == ["tanh", "max_pool1d"]
+    # a maximum commutes with a monotone op, and is spelled before it (`names.canonical_order`)
+    assert ops(lambda x: written(torch.tanh(x)), shape=(4, 16)) == ["max_pool1d", "tanh"]
 
 
 @pytest.mark.parametrize("written", [
@@ -368,7 +400,7 @@ def test_a_sum_of_a_products_features_on_its_first_dimension_is_part_of_it():
     """A red team's KernelBench Gemm_Divide_Sum_Scaling as `(W @ x.T / 2).sum(0)` (0.857)."""
     weight = FEATURES.weight
     assert ops(lambda x: (weight @ x.T / 2).sum(0)[:, None] * 1.5, shape=(4, 8)) == \
-        ops(lambda x: (x @ weight.T / 2).sum(1, keepdim=True) * 1.5, shape=(4, 8)) == ["mm", "mul", "mul"]
+        ops(lambda x: (x @ weight.T / 2).sum(1, keepdim=True) * 1.5, shape=(4, 8)) == ["mm", "mul"]
 
 
 def test_a_map_over_the_batch_or_by_a_variable_is_not_part_of_the_product():
@@ -389,7 +421,7 @@ def test_a_square_or_a_reciprocal_of_a_product_is_no_scale_to_fold_through():
     reciprocal) was folded into the Linear and read as KernelBench's Gemm_Divide_Sum_Scaling."""
     weight = FEATURES.weight
     scaled = ops(lambda x: ((x @ weight.T) / 2).sum(1, keepdim=True) * 3.0, shape=(4, 8))
-    assert scaled == ["mm", "mul", "mul"]
+    assert scaled == ["mm", "mul"]  # the sum is part of the product, and two scalings are one
     for written in (lambda x: (x @ weight.T).pow(2).sum(1, keepdim=True) * 3.0,
                     lambda x: (1 / (x @ weight.T)).sum(1, keepdim=True) * 3.0):
         assert ops(written, shape=(4, 8)) == ["mm", "mul", "sum", "mul"]
