@@ -10,7 +10,7 @@ import math
 import torch
 
 from filters.computation.names import (LAYOUT_ONLY, NORM_NAMES, BOUNDING, _merged_branches, _name, canonical,
-                                      canonical_order, bound_reach, padded_by_convolutions,
+                                      canonical_order, bound_reach, padded_by_convolutions, spelled,
                                       ELEMENT_BOUNDS, GENERIC)
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
 from filters.computation.record import _Op, _Recorder
@@ -147,15 +147,15 @@ class _Equivalences(_Unspelled, _Recognisers):
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
-        spelled = [(name, node) for node in nodes if node in names for name in names[node]]
-        return canonical_order([name for name, _ in spelled],
-                               [self._arithmetic(node, name, affine, reads) for name, node in spelled])
+        return canonical_order(spelled([node for node in nodes if node in names], names.get, reads.get,
+                                       lambda node, name: self._arithmetic(node, name, affine, reads)))
 
     def _arithmetic(self, node, name: str, affine: set, reads: dict) -> tuple | None:
-        """How far the constant of arithmetic by one reaches (`names.canonical_order`), or None."""
+        """(how far the constant reaches, whether it is positive) of arithmetic by a constant
+        the same at every position (`names.canonical_order`), or None."""
         if name not in GENERIC:
             return None
-        if _name(node) in ELEMENT_BOUNDS and node not in self.named:
+        if node not in self.named and _name(node) in ELEMENT_BOUNDS:
             return bound_reach(node)
         if node in affine and len(reads[node]) == 1:
             return affine_reach(reads[node][0].value, node.value)

@@ -34,7 +34,7 @@ import torch.utils._pytree
 
 from filters.computation.equivalences import _Equivalences
 from filters.computation.memory import _storage
-from filters.computation.names import _name, _primitives, canonical, canonical_order, named_composites
+from filters.computation.names import _name, _primitives, canonical, named_composites
 from filters.computation.record import _Op, _Recorder, _writes_its_own
 from filters.computation.values import close
 
@@ -118,8 +118,8 @@ class _Reading:
         self.symbolic = not outputs or any(t.device.type == "meta" for t in outputs)
         self.constant = False
         if self.symbolic:
-            self.sequence, self.unspelled, self.unspelled_names = \
-                canonical_order(named_composites(_primitives(recorder, outputs))), frozenset(), []
+            self.sequence, self.unspelled, self.unspelled_names = named_composites(_primitives(recorder, outputs)), \
+                frozenset(), []
             return
         values = _Equivalences(recorder)
         if not _aliases_hold(model, inputs, values, outputs):

@@ -8,6 +8,7 @@ that composite (`named_composites`).
 from __future__ import annotations
 
 import functools
+import dataclasses
 import re
 
 import torch
@@ -170,10 +171,11 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         return [pooling_name(name, node.args)]
     if name == "convolution" and len(node.args) >= 9:
         return _convolution_name(*node.args[:9])
-    if name in ELEMENT_BOUNDS and _bounded_by_a_constant_tensor(node.args):
-        # max(u, c) is relu(u - c) + c, and min(u, c) u - relu(u - c): a bound per channel or element
-        # (an adversary wrote KernelBench's `relu(conv(x)) + b` as `maximum(conv(x) + b, b)`)
-        return ["add", "relu", "add"]
+    bound = _bound_by_a_constant_tensor(node)
+    if bound:
+        # max(u, c) is relu(u - c) + c, and min(u, c) is min(u - c, 0) + c: a bound per channel or
+        # element (an adversary wrote KernelBench's `relu(conv(x)) + b` as `maximum(conv(x) + b, b)`)
+        return ["add", "relu" if bound == "max" else "clamp", "add"]
     if name == "batch_norm" and _training(node.args):
         # on meta too, where only the shapes say it: a task whose batch norm sees one sample
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
@@ -288,88 +290,169 @@ def padded_by_convolutions(nodes: list, inputs_of=lambda node: node.inputs) -> s
     return {node for node in taken if readers.get(node) and readers[node] <= taken | by}
 
 
-ELEMENT_BOUNDS = frozenset({"maximum", "minimum", "fmax", "fmin"})
+ELEMENT_BOUNDS = {"maximum": "max", "fmax": "max", "minimum": "min", "fmin": "min", "clamp_min": "max",
+                  "clamp_max": "min", "clamp": None}
 
 
-def _bounded_by_a_constant_tensor(args) -> bool:
-    """Whether an element-wise maximum or minimum takes one variable value and one constant
-    whose elements differ (a uniform one is a clamp, and reads as one)."""
-    nodes = [arg for arg in args[:2] if isinstance(arg, _Op)]
-    constants = [n for n in nodes if not n.variable and isinstance(n.value, torch.Tensor) and n.value.numel() > 1
-                 and n.value.device.type != "meta" and n.value.is_floating_point()]
-    return len(nodes) == 2 and len(constants) == 1 and not bool((constants[0].value == constants[0].value.reshape(
-        -1)[0]).all())
+def _bound_by_a_constant_tensor(node) -> str | None:
+    """"max" or "min" for an element-wise maximum or minimum of one variable value and one
+    constant whose elements differ (a uniform one is a clamp, and reads as one); clamp with a
+    tensor bound on one side is one too."""
+    name = _name(node)
+    if name not in ELEMENT_BOUNDS or node.target is None:
+        return None
+    args = list(node.args[:3])
+    if name == "clamp":  # clamp(u, min, max): a tensor on one side alone
+        sides = [(kind, arg) for kind, arg in (("max", args[1] if len(args) > 1 else None),
+                                               ("min", args[2] if len(args) > 2 else None)) if arg is not None]
+        if len(sides) != 1:
+            return None
+        kind, constant = sides[0]
+        variable = args[0]
+    else:
+        kind = ELEMENT_BOUNDS[name]
+        nodes = [arg for arg in args[:2] if isinstance(arg, _Op)]
+        variable = next((n for n in nodes if n.variable), None)
+        constant = next((n for n in nodes if not n.variable), None)
+    if not (isinstance(variable, _Op) and variable.variable and isinstance(constant, _Op) and not constant.variable):
+        return None
+    value = constant.value
+    if not isinstance(value, torch.Tensor) or value.device.type == "meta" or not value.is_floating_point() \
+            or value.numel() < 2 or bool((value == value.reshape(-1)[0]).all()):
+        return None
+    return kind
 
 
 # Ops whose order a rewrite may swap without changing what is computed, put in one order
-# (`canonical_order`): a maximum (a max pooling, a max or min reduction) commutes with a
-# monotone element-wise op (relu(max_pool(x)) is max_pool(relu(x))), and arithmetic by a
-# constant the same at every position (a scalar, or one per channel) with a pooling, a clamp
-# (its bounds moved) and, scaled by a positive one, a relu; by a scalar, with a max or min
-# reduction. Each pair is put maximum first, then the element-wise op, then the arithmetic.
-MAXIMA = frozenset({"max_pool1d", "max_pool2d", "max_pool3d", "max", "min"})
+# (`canonical_order`) where one reads the other and nothing else does: a maximum (a max
+# pooling, a max or min reduction) commutes with a monotone element-wise op (relu(max_pool(x))
+# is max_pool(relu(x))); arithmetic by a constant the same at every position (a scalar, or one
+# per channel of a batch of images in the layout the other op reads) with a pooling (a shift
+# only where no padding or divisor of its own enters the mean), with a max pooling or (by a
+# scalar) a max or min reduction unless a negative scale turns it into a minimum, with a clamp
+# (by a scalar: its bounds move) and, a positive scale, with a relu. Each pair is put maximum
+# first, then the element-wise op, then the arithmetic; two shifts or two scales are one, and
+# a shift before a scale is spelled after it.
+MAX_POOLS = frozenset({"max_pool1d", "max_pool2d", "max_pool3d"})
 REDUCED = frozenset({"max", "min"})
+MAXIMA = MAX_POOLS | REDUCED
 LINEAR_POOLS = frozenset({"avg_pool1d", "avg_pool2d", "avg_pool3d"})
-MONOTONE = frozenset({"relu", "clamp", "leaky_relu", "sigmoid", "tanh", "exp", "log", "softplus", "elu", "selu",
-                      "celu", "hardsigmoid", "log_sigmoid", "softsign"})
+# non-decreasing everywhere (leaky_relu, elu and celu are not for every parameter: left out)
+MONOTONE = frozenset({"relu", "clamp", "sigmoid", "tanh", "exp", "log", "softplus", "selu", "hardsigmoid",
+                      "log_sigmoid", "softsign"})
 GENERIC = frozenset({"add", "mul"})
 _ORDER_RANK = {**dict.fromkeys(MAXIMA | LINEAR_POOLS, 0), **dict.fromkeys(MONOTONE, 1), **dict.fromkeys(GENERIC, 2)}
-SCALAR, CHANNEL = "scalar", "channel"  # how far an arithmetic op's constant reaches (`constant_reach`)
+SCALAR, CHANNEL = "scalar", "channel"  # how far an arithmetic op's constant reaches
 
 
-def _commute(a: tuple, b: tuple) -> bool:
-    """Whether neighbours (name, (reach, positive) or None) may swap: see MAXIMA."""
-    (name_a, by_a), (name_b, by_b) = a, b
-    if name_a in GENERIC and name_b in GENERIC:
-        return by_a is not None and by_b is not None
-    if name_b in GENERIC:
-        (name_a, by_a), (name_b, by_b) = b, a
-    if name_a not in GENERIC:
-        return bool({name_a, name_b} & MAXIMA and {name_a, name_b} & MONOTONE)
-    if by_a is None:
-        return False
-    reach, positive = by_a
-    order_kept = name_a == "add" or positive  # a negative scale turns a maximum into a minimum
-    return ((name_b in LINEAR_POOLS or name_b == "clamp") or (name_b in MAXIMA - REDUCED and order_kept)
-            or (name_b in REDUCED and reach == SCALAR and order_kept) or (name_b == "relu" and name_a == "mul"
-                                                                         and positive))
+@dataclasses.dataclass(frozen=True)
+class Spelled:
+    """One name of a spelled sequence: the node it spells, and for arithmetic by a constant the
+    same at every position (`by`: its reach and whether it is positive); `linked` where it
+    reads the name before it and nothing else reads that."""
+    name: str
+    node: object = None
+    by: tuple | None = None
+    linked: bool = False
 
 
-def canonical_order(names: list[str], arithmetic: list | None = None) -> list[str]:
-    """`names` with neighbours that commute put in one order (an adversary moved a hardtanh
-    before a max pooling, and a bias after an average pooling: 0.83 and 0.74 against their
-    originals), and arithmetic by constants written `mul` first. `arithmetic`: for each name,
-    (the reach of its constant, whether it is positive) where it is arithmetic by a constant
-    (`constant_reach`), else None; none is (on meta, where values are not known) without it."""
-    items = list(zip(names, arithmetic or [None] * len(names)))
-    swapped = True
-    while swapped:
-        swapped = False
+def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: None) -> list[Spelled]:
+    """The names of `nodes` in order, with what `canonical_order` needs to know of each."""
+    users: dict = {}
+    for node in nodes:
+        for read in reads_of(node):
+            users[read] = users.get(read, 0) + 1
+    items, previous, passed = [], None, {}  # passed: an unspelled node -> the spelled one it passes on
+    for node in nodes:
+        names, reads = names_of(node), reads_of(node)
+        if not names:
+            # a map folded into the one before, or arithmetic merged into it, passes its value on;
+            # a layout op does not (a per-channel constant is no longer one after a permute)
+            if len(reads) == 1 and _name(node) not in LAYOUT_ONLY and users.get(reads[0]) == 1:
+                passed[node] = passed.get(reads[0], reads[0])
+            continue
+        read = passed.get(reads[0], reads[0]) if len(reads) == 1 else None
+        linked = previous is not None and read is previous and users.get(reads[0]) == 1
+        items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0) for k, name in enumerate(names)]
+        previous = node
+    return items
+
+
+def canonical_order(items: list[Spelled]) -> list[str]:
+    """The names of `items` with each pair that commutes (see MAX_POOLS) in one order (an
+    adversary moved a hardtanh before a max pooling, and a bias after an average pooling:
+    0.83 and 0.74 against their originals)."""
+    items = list(items)
+    changed = True
+    while changed:
+        changed = False
         for i in range(len(items) - 1):
             a, b = items[i], items[i + 1]
-            if _commute(a, b) and (_ORDER_RANK.get(b[0], 3) < _ORDER_RANK.get(a[0], 3) or (a[0], b[0]) == ("add", "mul")):
-                items[i], items[i + 1] = b, a
-                swapped = True
-            elif a[0] == b[0] and a[0] in GENERIC and a[1] is not None and b[1] is not None:
-                # two shifts (or scales) by constants are one
-                items[i:i + 2] = [(a[0], (SCALAR if a[1][0] == b[1][0] == SCALAR else CHANNEL, a[1][1] == b[1][1]))]
-                swapped = True
+            if not b.linked:
+                continue
+            if a.name == b.name and a.name in GENERIC and a.by and b.by:  # two shifts (or scales) are one
+                reach = SCALAR if a.by[0] == b.by[0] == SCALAR else CHANNEL
+                items[i:i + 2] = [Spelled(a.name, b.node, (reach, a.by[1] == b.by[1]), a.linked)]
+                changed = True
                 break
-    return [name for name, _ in items]
+            later_first = _ORDER_RANK.get(b.name, 3) < _ORDER_RANK.get(a.name, 3) or (a.name, b.name) == ("add", "mul")
+            if later_first and _commute(a, b):
+                items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), dataclasses.replace(a, linked=True)
+                changed = True
+    return [item.name for item in items]
+
+
+def _commute(a: Spelled, b: Spelled) -> bool:
+    """Whether `b`, which reads `a`, may be spelled before it (see MAX_POOLS)."""
+    if a.name in GENERIC and b.name in GENERIC:
+        return bool(a.by and b.by)
+    if a.name not in GENERIC and b.name not in GENERIC:
+        return bool({a.name, b.name} & MAXIMA and {a.name, b.name} & MONOTONE)
+    generic, other = (a, b) if a.name in GENERIC else (b, a)
+    if not generic.by or (generic.by[0] == CHANNEL and not _channels_kept(a, b, other)):
+        return False
+    reach, positive = generic.by
+    order_kept = generic.name == "add" or positive  # a negative scale turns a maximum into a minimum
+    if other.name in LINEAR_POOLS:
+        return generic.name == "mul" or _plain_average(other.node)
+    if other.name in MAX_POOLS:
+        return order_kept
+    if other.name in REDUCED:
+        return reach == SCALAR and order_kept
+    if other.name == "clamp":
+        return reach == SCALAR
+    return other.name == "relu" and generic.name == "mul" and positive
+
+
+def _channels_kept(a: Spelled, b: Spelled, other: Spelled) -> bool:
+    """Whether `b` reads `a`'s value in its layout, a batch of images whose channels are its
+    second dimension as `other` (a pooling) sees them: a per-channel constant is one there (a
+    red team pooled across channels after a permute, and over an unbatched image's rows)."""
+    read = next((arg for arg in getattr(b.node, "args", ()) if isinstance(arg, _Op) and arg.variable), None)
+    if read is None or _shape(read) != _shape(a.node):
+        return False
+    spatial = POOLING.match(other.name)
+    return spatial is None or _ndim(other.node) == int(spatial.group(2)) + 2
+
+
+def _plain_average(node) -> bool:
+    """An average pooling whose every window's mean is of its own elements: no padding counted
+    and no divisor of its own, so that a shift passes through it."""
+    name = _name(node) if node is not None else ""
+    if not POOLING.match(name) or len(node.args) < 2:
+        return False
+    padding = node.args[3] if len(node.args) > 3 else 0
+    divisor = node.args[6] if len(node.args) > 6 else None
+    return not any(_ints(padding)) and divisor is None
 
 
 def bound_reach(node) -> tuple | None:
-    """(SCALAR or CHANNEL, True) for an element-wise maximum or minimum by a constant the same
-    at every position (a number, or one per channel), whose shifts `canonical` spells; None
-    for any other."""
-    if _name(node) not in ELEMENT_BOUNDS or len(node.args) < 2:
+    """(CHANNEL, True) for an element-wise bound by a constant per channel (`canonical` spells
+    its shifts, `add ... add`); None for any other."""
+    if not _bound_by_a_constant_tensor(node):
         return None
-    constants = [a for a in node.args[:2] if isinstance(a, _Op) and not a.variable]
-    if len(constants) != 1 or not isinstance(constants[0].value, torch.Tensor):
-        return None
-    value, ndim = constants[0].value, node.value.dim()
-    if value.numel() == 1 or bool((value == value.reshape(-1)[0]).all()):
-        return SCALAR, True
+    value = next(a.value for a in node.args[:3] if isinstance(a, _Op) and not a.variable)
+    ndim = node.value.dim()
     if ndim < 3 or value.dim() > ndim:
         return None
     full = value.reshape((1,) * (ndim - value.dim()) + tuple(value.shape))

@@ -12,7 +12,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from filters.computation.names import CHANNEL, SCALAR, canonical, convolution_name, norm_name, zero_border_trimmed
+from filters.computation.names import CHANNEL, SCALAR, _name, canonical, convolution_name, norm_name, zero_border_trimmed
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -91,9 +91,18 @@ class _Recognisers:
                     continue
                 for name, reduce in reductions:
                     if (not _apart(*_end_fibres_reduced(source, target, dim, reduce))
-                            and close(reduce(source, dim, keepdim=keep), target)):
+                            and close(reduce(source, dim, keepdim=keep), target)
+                            and (name == "logsumexp" or self._only_signs_between(op, node))):
                         return (name,), [node]
         return None
+
+    def _only_signs_between(self, op, source) -> bool:
+        """Whether `op` reaches `source` through maxima, minima and scales alone (a minimum
+        written -amax(-t)): a relu before a maximum equals it on most values, and is no part
+        of it (a red team's relu(x).amax(1) read `max`)."""
+        between = self._between(op, source)
+        return all((_name(n) in SIGNS_AND_MAXIMA or not canonical(n)) and self.users.get(n, set()) <= between | {op}
+                   for n in between)
 
     def _pool(self, op, window):
         """`op` is an average or a maximum over windows of an earlier value's spatial
@@ -454,6 +463,7 @@ def affine_reach(source: torch.Tensor, target: torch.Tensor) -> tuple | None:
 
 
 REDUCTIONS = (("logsumexp", torch.logsumexp), ("max", torch.amax), ("min", torch.amin))
+SIGNS_AND_MAXIMA = frozenset({"neg", "mul", "amax", "amin", "max", "min"})
 
 
 def _end_fibres_reduced(source: torch.Tensor, target: torch.Tensor, dim: int,
