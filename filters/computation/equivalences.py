@@ -10,7 +10,7 @@ import math
 import torch
 
 from filters.computation.names import (LAYOUT_ONLY, NORM_NAMES, BOUNDING, _merged_branches, _name, canonical,
-                                      canonical_order, bound_reach, padded_by_convolutions, spelled,
+                                      canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
                                       ELEMENT_BOUNDS, GENERIC)
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
 from filters.computation.record import _Op, _Recorder
@@ -129,6 +129,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.heads: dict = {}
         self.images: dict = {}
         self.made_constant: set = set()
+        self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
         self.through_constants = False
         for op in self.ops:
             if op.variable and _is_float(op.value) and op.value.numel() > 1 and _uniform(op.value):
@@ -148,7 +149,18 @@ class _Equivalences(_Unspelled, _Recognisers):
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
         return canonical_order(spelled([node for node in nodes if node in names], names.get, reads.get,
-                                       lambda node, name: self._arithmetic(node, name, affine, reads)))
+                                       lambda node, name: self._arithmetic(node, name, affine, reads),
+                                       self._pooled_source))
+
+    def _pooled_source(self, node) -> tuple:
+        """(the value `node` reads as it reads it, whether it is an average with no padding or
+        divisor of its own): a pooling recognised from values reads its source in the source's
+        layout; an op reads its first variable argument."""
+        if node in self.named:
+            source = self.reads[node][0] if len(self.reads[node]) == 1 else None
+            return source, node in self.unpadded_pools
+        source = next((arg for arg in node.args if isinstance(arg, _Op) and arg.variable), None)
+        return source, plain_average(node)
 
     def _arithmetic(self, node, name: str, affine: set, reads: dict) -> tuple | None:
         """(how far the constant reaches, whether it is positive) of arithmetic by a constant
@@ -429,6 +441,7 @@ def _over_features(source: torch.Tensor, mapped: torch.Tensor, name: list, first
     """`mapped` keeps `source`'s rows and maps its features (its last dimension, or its first
     where `first`): a pooling of them, or sums or means of groups of them (checked on the
     values: a sum over the rows of a square value keeps as many)."""
+    source, mapped = _without_trailing_ones(source), _without_trailing_ones(mapped)  # a 1x1 convolution's (B, O, 1, 1)
     if source.dim() == 0 or mapped.dim() == 0 or (first and source.dim() != 2):
         return False
     if first:
@@ -450,3 +463,9 @@ def _over_features(source: torch.Tensor, mapped: torch.Tensor, name: list, first
     values, group = source.reshape(rows, -1).float(), features // kept
     sums = (values.reshape(rows, kept, group).sum(-1), values.reshape(rows, group, kept).sum(1))
     return any(close(table.float(), total) or close(table.float(), total / group) for total in sums)
+
+
+def _without_trailing_ones(value: torch.Tensor) -> torch.Tensor:
+    while value.dim() > 2 and value.shape[-1] == 1:
+        value = value.squeeze(-1)
+    return value

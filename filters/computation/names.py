@@ -354,9 +354,12 @@ class Spelled:
     node: object = None
     by: tuple | None = None
     linked: bool = False
+    source: object = None  # the value it reads, as it reads it (a pooling's input)
+    plain: bool = False  # an average pooling with no padding or divisor of its own
 
 
-def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: None) -> list[Spelled]:
+def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: None,
+            pooled_source=lambda node: (None, False)) -> list[Spelled]:
     """The names of `nodes` in order, with what `canonical_order` needs to know of each."""
     users: dict = {}
     for node in nodes:
@@ -373,7 +376,9 @@ def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: No
             continue
         read = passed.get(reads[0], reads[0]) if len(reads) == 1 else None
         linked = previous is not None and read is previous and users.get(reads[0]) == 1
-        items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0) for k, name in enumerate(names)]
+        source, plain = pooled_source(node)
+        items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain)
+                  for k, name in enumerate(names)]
         previous = node
     return items
 
@@ -414,7 +419,7 @@ def _commute(a: Spelled, b: Spelled) -> bool:
     reach, positive = generic.by
     order_kept = generic.name == "add" or positive  # a negative scale turns a maximum into a minimum
     if other.name in LINEAR_POOLS:
-        return generic.name == "mul" or _plain_average(other.node)
+        return generic.name == "mul" or other.plain
     if other.name in MAX_POOLS:
         return order_kept
     if other.name in REDUCED:
@@ -428,14 +433,13 @@ def _channels_kept(a: Spelled, b: Spelled, other: Spelled) -> bool:
     """Whether `b` reads `a`'s value in its layout, a batch of images whose channels are its
     second dimension as `other` (a pooling) sees them: a per-channel constant is one there (a
     red team pooled across channels after a permute, and over an unbatched image's rows)."""
-    read = next((arg for arg in getattr(b.node, "args", ()) if isinstance(arg, _Op) and arg.variable), None)
-    if read is None or _shape(read) != _shape(a.node):
+    if b.source is None or _shape(b.source) != _shape(a.node):
         return False
     spatial = POOLING.match(other.name)
     return spatial is None or _ndim(other.node) == int(spatial.group(2)) + 2
 
 
-def _plain_average(node) -> bool:
+def plain_average(node) -> bool:
     """An average pooling whose every window's mean is of its own elements: no padding counted
     and no divisor of its own, so that a shift passes through it."""
     name = _name(node) if node is not None else ""

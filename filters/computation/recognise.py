@@ -145,6 +145,8 @@ class _Recognisers:
                 if close(_pooled(kind, x, kernel, stride, padding, dilation), target, 1e-4):
                     if all(n == 1 for n in target.shape[2:]) and not padding:
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
+                    if not padding:
+                        self.unpadded_pools.add(op)
                     return (f"{kind}_pool{spatial}d",), [node]
         return None
 

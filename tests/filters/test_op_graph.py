@@ -286,6 +286,11 @@ X_IMAGE = torch.randn(4, 8, 6, 5)
     (lambda x: torch.tanh(torch.amin(x, 1)), lambda x: -torch.amax(-torch.tanh(x), 1)),  # a minimum as -max(-x)
     (lambda x: torch.relu(x) + BIAS, lambda x: torch.maximum(x + BIAS, BIAS.expand(4, 8, 6, 5))),
     (lambda x: torch.relu(x) + BIAS, lambda x: torch.clamp(x + BIAS, min=BIAS.expand(4, 8, 6, 5))),
+    # a pooling written out moves as the layer does (on the H200, pool_unfold copies of L2 46 and 82 did not)
+    (lambda x: F.avg_pool2d(torch.tanh(x) - BIAS, 2), lambda x: F.unfold(torch.tanh(x) - BIAS, 2, stride=2)
+     .reshape(4, 8, 4, 3, 2).mean(2)),
+    (lambda x: F.max_pool2d(torch.tanh(x) * 2.0 + BIAS, 2), lambda x: F.unfold(torch.tanh(x) * 2.0 + BIAS, 2, stride=2)
+     .reshape(4, 8, 4, 3, 2).amax(2)),
 ])
 def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(original, written):
     assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
@@ -419,6 +424,12 @@ def test_a_linear_map_of_a_products_features_is_part_of_it_on_either_side(writte
     """A red team's pooling over `W @ x.T`'s rows transposed back (0.889 against
     Matmul_AvgPool_GELU_Scale_Max), and as a product by a constant matrix (`mm add mm`, 0.909)."""
     assert ops(written, FEATURES, shape=(4, 8)) == ["mm", "add", "gelu"]
+
+
+def test_a_sum_of_a_one_by_one_convolutions_channels_is_part_of_it():
+    """KernelBench's Matmul_Sum as a 1x1 convolution of `x[..., None, None]` (gemm_conv1x1, on the H200)."""
+    assert ops(lambda x: POINTWISE(x[:, :, None, None]).sum(1), shape=(4, 8)) == \
+        ops(lambda x: LINEAR_8(x).sum(1), shape=(4, 8)) == ["mm", "add"]
 
 
 def test_a_sum_of_a_products_features_on_its_first_dimension_is_part_of_it():
