@@ -442,8 +442,7 @@ def _channels_kept(a: Spelled, b: Spelled, other: Spelled) -> bool:
 def plain_average(node) -> bool:
     """An average pooling whose every window's mean is of its own elements: no padding counted
     and no divisor of its own, so that a shift passes through it."""
-    name = _name(node) if node is not None else ""
-    if not POOLING.match(name) or len(node.args) < 2:
+    if not POOLING.match(_name(node)) or len(node.args) < 2:
         return False
     padding = node.args[3] if len(node.args) > 3 else 0
     divisor = node.args[6] if len(node.args) > 6 else None
@@ -492,8 +491,7 @@ def zero_border_trimmed(weight: torch.Tensor | None, padding, dilation) -> tuple
     if weight.is_meta:
         return shape, padding
     spatial = len(shape) - 2
-    pads = [*_ints(padding)] * (spatial if len(_ints(padding)) == 1 else 1)
-    spacing = [*_ints(dilation)] * (spatial if len(_ints(dilation)) == 1 else 1)
+    pads, spacing = list(_spread(_ints(padding), spatial)), list(_spread(_ints(dilation), spatial))
     if isinstance(padding, str) or len(pads) != spatial or len(spacing) != spatial:
         return shape, padding
     kernel, taps = list(shape), weight.detach().ne(0)
