@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from filters.computation.names import (LAYOUT_ONLY, NORM_NAMES, BOUNDING, _merged_branches, _name, canonical,
+from filters.computation.names import (LAYOUT_ONLY, BOUNDING, _merged_branches, _name, canonical,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
                                       ELEMENT_BOUNDS, GENERIC)
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
@@ -35,22 +35,26 @@ class _Unspelled:
                   and (op.variable or op in self.made_constant) and canonical(op)]
         if not hidden:
             return hidden
-        structural = self._identities() | self._renamed_norms(hidden, spelled)
+        structural = self._identities() | self._renamed_composites(hidden, spelled)
         return [op for op in hidden if op not in structural]
 
-    def _renamed_norms(self, hidden: list, spelled: set) -> set:
-        """Norm ops left out because the sequence spells them under a reshape: F.instance_norm
-        is a batch norm of a reshaped view, reshaped back, and both the batch norm and the view
-        back read as the instance norm of the input; the view back spells it. A norm counts
-        so only where a spelled node reached from it through layout ops alone is named as the
-        same composite, read from the same input up to layout ops: nothing it computes is left
-        out, at any size."""
+    def _renamed_composites(self, hidden: list, spelled: set) -> set:
+        """Ops left out because the sequence spells them under a reshape: F.instance_norm is a
+        batch norm of a reshaped view, reshaped back, F.avg_pool1d a 2-D pooling of an
+        unsqueezed view, squeezed back, and a transformer layer's relu of a (rows, width) product
+        viewed as (batch, sequence, width) is viewed back; the view back reads as the instance
+        norm (the 1-D pooling, the relu) of the input, and spells it. An op of one variable
+        input counts so only where it reads as itself (a composite it was recognised as, or
+        its own spelling) and a spelled node reached from it through layout ops alone is named
+        as the same, read from the same input up to layout ops: nothing it computes is left
+        out, at any size. (One in nine of a thousand template tasks were read again at their
+        own sizes for an op so left out, and read the same there.)"""
         renamed = set()
         for op in hidden:
-            # nothing but the norm: an affine one whose scale and shift the values took for
-            # nothing at the small problem (a weight of 1 + 1e-4 r) may not be so at its own sizes
-            if op not in self.named or not op.variable or canonical(op) != list(self.named[op]) \
-                    or canonical(op)[0] not in NORM_NAMES:
+            name = tuple(canonical(op))
+            # as itself alone: an affine norm whose scale and shift the values took for nothing
+            # at the small problem (a weight of 1 + 1e-4 r) may not be so at its own sizes
+            if not op.variable or not name or self.named.get(op, name) != name or len(self.reads[op]) != 1:
                 continue
             source = self._layout_root(self.reads[op][0])
             reshaped, frontier = set(), [op]
@@ -59,7 +63,7 @@ class _Unspelled:
                     if _name(user) in LAYOUT_ONLY and user not in reshaped:
                         reshaped.add(user)
                         frontier.append(user)
-            if any(node in spelled and node.variable and self.named.get(node) == self.named[op]
+            if any(node in spelled and node.variable and self.named.get(node) == name
                    and self._layout_root(self.reads[node][0]) is source for node in reshaped):
                 renamed.add(op)
         return renamed

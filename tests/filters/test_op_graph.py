@@ -152,6 +152,16 @@ def test_values_all_near_zero_are_compared_by_their_own_size():
     assert ops(lambda x: torch.softmax(F.gelu(x), -1), shape=(4, 8192)) == ["gelu", "softmax"]
     assert ops(lambda x: torch.softmax(x, -1), shape=(4, 8192)) == ["softmax"]
 
+
+def test_values_clustered_far_from_zero_scaled_are_no_clamp_of_themselves():
+    """A batch's log-sum-exps of channel means plus a bias lie within a few millionths of each
+    other: four times them is within `close`'s tolerance of them clamped to their own range,
+    which passes none of them through (a disguised L2 42 read `clamp` for `* 4.0`)."""
+    clustered = lambda x: torch.logsumexp(x.mean((2, 3)) * 1e-3 + 5.0, 1) * 10.0  # noqa: E731
+    assert ops(lambda x: clustered(x) * 4.0 * 0.25, shape=(16, 8, 6, 5)) == ops(clustered, shape=(16, 8, 6, 5))
+    assert ops(lambda x: clustered(x) * 4.0, shape=(16, 8, 6, 5))[-2:] == ["logsumexp", "mul"]
+
+
 @pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12, 1e-3])
 def test_a_norm_is_named_whatever_its_eps_on_values_of_small_variance(eps):
     small = lambda x: x * 0.003  # noqa: E731  a variance (1e-5) the eps weighs on
@@ -539,12 +549,21 @@ def dropped(body, *modules, shape=(4, 8, 6, 5)) -> list[str]:
 
 
 @pytest.mark.parametrize("layer", [nn.InstanceNorm2d(8), nn.InstanceNorm1d(8), nn.LPPool2d(2, 2), nn.LPPool2d(3, 2),
-                                   lambda x: torch.sign(x) * torch.abs(x)])
+                                   lambda x: torch.sign(x) * torch.abs(x), nn.AvgPool1d(3), nn.MaxPool1d(2),
+                                   lambda x: torch.relu(x.reshape(-1, 6)).view(x.shape)])
 def test_what_a_layer_itself_leaves_out_at_every_size_is_not_dropped(layer):
-    """F.instance_norm's batch norm, spelled by the reshape after it as the same norm of the
-    same input, and `sign(y) * |y|`, which is y: nothing a smaller problem could hide."""
-    assert dropped(layer, *[layer] if isinstance(layer, nn.Module) else [], shape=(4, 8, 6) if "1d" in str(layer)
+    """F.instance_norm's batch norm and F.avg_pool1d's 2-D pooling, each spelled by the
+    reshape after it as the same composite of the same input, a relu of a view viewed back,
+    and `sign(y) * |y|`, which is y: nothing a smaller problem could hide."""
+    one_d = "1d" in str(layer) or "Pool1d" in str(layer)
+    assert dropped(layer, *[layer] if isinstance(layer, nn.Module) else [], shape=(4, 8, 6) if one_d
                    else (4, 8, 6, 6)) == []
+
+
+def test_an_op_under_a_view_that_the_values_took_for_nothing_is_still_dropped():
+    """A relu of what is all positive on these values, viewed back: the view spells no relu,
+    and a smaller problem's reading of it does not stand."""
+    assert dropped(lambda x: torch.relu(x.abs().reshape(-1, 6)).view(x.shape) + x) == ["relu"]
 
 
 def test_a_sign_times_a_magnitude_of_another_value_is_dropped():
