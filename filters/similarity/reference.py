@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from filters.similarity.score import Fingerprint, fingerprint, with_graph
 from filters.store import JsonStore
 
-GRAPH_VERSION = 33  # bump when filters/computation/ canonicalises differently
+GRAPH_VERSION = 34  # bump when filters/computation/ canonicalises differently
 
 log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
