@@ -65,7 +65,8 @@ def measure(kernelbench: str, levels: tuple[int, ...], workers: int, shipped: bo
 
 def in_tree(tree: Path | None, args) -> dict:
     """`measure` in a fresh process, `tree`'s code first on its path (this checkout's if None)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (tree, ROOT) if p)}
+    # ahead of what the path held (the device's wheels are on it: tests/benchmarks/h200.sh)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (tree, ROOT, os.environ.get("PYTHONPATH")) if p)}
     if tree:
         env["PYTHONSAFEPATH"] = "1"  # `-c` puts the working folder first otherwise
     code = (f"import json, sys; from tests.benchmarks.bench_reference_trace import measure; "
