@@ -480,6 +480,17 @@ def convolution_name(image: tuple | None, kernel: tuple | None, stride, padding,
     return ["mm"] + (["add"] if bias else []) if pointwise or whole else ["convolution"]
 
 
+def border_trimmed(node) -> bool:
+    """Whether a recorded convolution reads as a smaller kernel than its own
+    (`_convolution_name`): its kernel's zero border trimmed."""
+    if _name(node) != "convolution" or len(node.args) < 9 or node.args[6]:
+        return False
+    image, weight, _, _, padding, dilation = node.args[:6]
+    _, padding, _ = explicit_padding(image, weight, padding, dilation)
+    kernel, _ = zero_border_trimmed(getattr(weight, "value", None), padding, dilation)
+    return kernel is not None and kernel != _shape(weight)
+
+
 def zero_border_trimmed(weight: torch.Tensor | None, padding, dilation) -> tuple[tuple | None, tuple]:
     """(kernel shape, padding) of the same convolution with the kernel's zero border trimmed,
     as deep on both sides of a dimension and no deeper than its padding: those taps read the

@@ -73,12 +73,12 @@ class _Recognisers:
             return None
         target, source = op.value.float(), node.value.float()
         low, high = target.min(), target.max()
-        # a clamp passes some values through: where none lies in its range, every value is a
-        # bound, and values clustered far from zero (a batch's log-sum-exps, 5.01 to 5.02) are
-        # within `close`'s tolerance of forty times themselves clamped (a disguised L2 42's
-        # `* 4.0` read `clamp` on the H100)
-        passed = (source >= low) & (source <= high)
-        if low < high and passed.any() and close(source.clamp(low, high), target):
+        # values within `close`'s tolerance of one constant are no clamp's: clustered far from
+        # zero (a batch's log-sum-exps, 5.01 to 5.02), forty times them is them clamped to its
+        # own range (a disguised L2 42's `* 4.0` read `clamp` on the H100). A clamp that passes
+        # no value through is still one where values meet both bounds (relu6 of `x * 1e6`).
+        spread = float(high - low) > 2e-4 * float(torch.maximum(low.abs(), high.abs()))
+        if spread and close(source.clamp(low, high), target):
             return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
         return "leaky_relu" if _leaky(source, target) else None
 

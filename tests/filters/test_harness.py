@@ -521,8 +521,9 @@ def test_a_layer_scaled_away_at_the_small_problem_inside_those_ops_is_still_trac
 # A red team's answers (session 21): an affine norm whose scale and shift are near nothing at
 # the small problem alone (taken in by the norm's name there), a batch norm that sees one
 # sample at the small problem alone or at its own sizes alone (an instance norm there, a
-# batch norm elsewhere), and the identity around a write through a view. Each reads as at
-# its own sizes.
+# batch norm elsewhere), and the identity around a write through a view; session 30's: a 3x3
+# kernel zero but for its centre at the small problem alone (a Linear there, a convolution at
+# its own sizes). Each reads as at its own sizes.
 READ_AS_AT_ITS_OWN_SIZES = {
     "affine_norm_near_identity_at_the_small_problem": (
         "return self.norm(x)", "self.norm = nn.InstanceNorm2d(4, affine=True)\n"
@@ -536,6 +537,9 @@ READ_AS_AT_ITS_OWN_SIZES = {
     "identity_around_a_write_through_a_view": (
         "y = x.clone()\ns = torch.sign(y)\ny.view(-1).add_((torch.relu(self.conv(x)) * SCALE).reshape(-1))\n"
         "return s * torch.abs(y)", "self.conv = nn.Conv2d(4, 4, 3, padding=1)"),
+    "kernel_border_zero_at_the_small_problem_only": (
+        "return torch.relu(self.conv(x))", "self.conv = nn.Conv2d(4, 4, 3, padding=1)\nmask = torch.zeros(3, 3)\n"
+        "mask[1, 1] = 1.0\nwith torch.no_grad():\n    self.conv.weight.mul_(mask + (1 - mask) * (features - 16))"),
 }
 
 

@@ -162,6 +162,14 @@ def test_values_clustered_far_from_zero_scaled_are_no_clamp_of_themselves():
     assert ops(lambda x: clustered(x) * 4.0, shape=(16, 8, 6, 5))[-2:] == ["logsumexp", "mul"]
 
 
+def test_a_clamp_that_passes_no_value_through_is_still_a_clamp():
+    """relu6 of `x * 1e6` puts every value on a bound: a clamp all the same, as where some
+    value lands between its bounds (a red team's saturated relu6 read `hardtanh`, its own
+    spelling, at the small problem and `clamp` at its own sizes)."""
+    assert ops(lambda x: F.relu6(x * 1e6)) == ops(lambda x: F.relu6(x * 3.0)) \
+        == ops(lambda x: F.hardtanh(x * 1e6, -2.0, 2.0)) == ["clamp", "mul"]
+
+
 @pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12, 1e-3])
 def test_a_norm_is_named_whatever_its_eps_on_values_of_small_variance(eps):
     small = lambda x: x * 0.003  # noqa: E731  a variance (1e-5) the eps weighs on
