@@ -12,7 +12,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from filters.computation.names import CHANNEL, SCALAR, _name, canonical, convolution_name, norm_name, zero_border_trimmed
+from filters.computation.names import (CHANNEL, SCALAR, _name, canonical, convolution_name, is_convolution, norm_name,
+                                      zero_border_trimmed)
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -133,7 +134,7 @@ class _Recognisers:
             return None
         # a pooling that keeps the size (stride 1, padded) is asked only of what can write one:
         # every op of that shape would be asked otherwise
-        same_size = not POOL_ENDS.isdisjoint(name)
+        same_size = not POOL_ENDS.isdisjoint(name) or any(map(is_convolution, name))
         for node in (n for n in window if n.value.dim() == op.value.dim() and n.value.is_floating_point()
                      and image(n.value).shape[:2] == target.shape[:2]
                      and (same_size or image(n.value).shape[2:] != target.shape[2:])):
@@ -207,7 +208,7 @@ class _Recognisers:
 
     def _contraction(self, op, window):
         name = canonical(op)
-        if op.value.dim() < 2 or (name and name[-1] in ("mm", "convolution")):
+        if op.value.dim() < 2 or (name and (name[-1] == "mm" or is_convolution(name[-1]))):
             return None
         weights = self._depends_on(op, 2)
         if name and name[-1] in CONTRACTION_ENDS or not name:
@@ -287,7 +288,7 @@ class _Recognisers:
         return None
 
 
-POOL_ENDS = frozenset({"convolution", "sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})
+POOL_ENDS = frozenset({"sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})  # and any convolution
 FLAT_POOL_ENDS = frozenset({"sum", "max"})  # amax, max, sum and mean of a (rows, windows, width) view
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
 

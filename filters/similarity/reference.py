@@ -17,7 +17,7 @@ from filters.similarity.score import Fingerprint, fingerprint, with_graph
 from operators.records import normalized_code
 from filters.store import JsonStore
 
-GRAPH_VERSION = 34  # bump when filters/computation/ canonicalises differently
+GRAPH_VERSION = 35  # bump when filters/computation/ canonicalises differently
 
 log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")

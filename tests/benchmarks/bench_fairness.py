@@ -11,6 +11,7 @@ tracing anything. A task the table leaves unread keeps the textual score, as in 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import subprocess
@@ -22,7 +23,10 @@ from filters.similarity.score import score
 def level2_pairs(kernelbench: str, table: dict, threshold: float) -> tuple[dict, dict]:
     """({(a, b): score} above `threshold`, the counts by tenth) over level 2's distinct pairs."""
     reference = load_reference(kernelbench, (2,))
-    reference = with_graphs(reference, [table["readings"].get(code_digest(code)) for code in reference.codes])
+    # a table before 0f4b865 is keyed by the SHA-256 of the text itself
+    reference = with_graphs(reference, [table["readings"].get(code_digest(code),
+                                                              table["readings"].get(hashlib.sha256(code.encode()).hexdigest()))
+                                        for code in reference.codes])
     above, tenths = {}, {}
     for a, b in itertools.combinations(reference.fingerprints, 2):
         value = score(a, b)

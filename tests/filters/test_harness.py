@@ -622,20 +622,20 @@ def test_a_per_channel_scale_of_ones_is_read_as_the_multiplication_it_is():
     task = make_task("return self.conv(x) * self.scale",
                      init="self.conv = nn.Conv2d(4, 8, 3)\nself.scale = nn.Parameter(torch.ones(1, 8, 1, 1))",
                      inputs="[torch.rand(batch_size, 4, 10, 10)]", constants="batch_size = 4")
-    assert harness.trace(task).split() == ["convolution", "mul"]
+    assert harness.trace(task).split() == ["convolution2d", "mul"]
 
 
 @pytest.mark.parametrize("init, forward, read", [
-    ("self.g = nn.Parameter(torch.ones(1, 8, 8, 8))", "self.conv(x) * self.g", ["convolution", "mul"]),
-    ("self.g = nn.Parameter(torch.zeros(1, 8, 8, 8))", "self.conv(x) + self.g", ["convolution", "add"]),
+    ("self.g = nn.Parameter(torch.ones(1, 8, 8, 8))", "self.conv(x) * self.g", ["convolution2d", "mul"]),
+    ("self.g = nn.Parameter(torch.zeros(1, 8, 8, 8))", "self.conv(x) + self.g", ["convolution2d", "add"]),
     # a kernel of ones kept for the convolution it is, though it reads the same shape
     ("self.register_buffer('g', torch.ones(8, 1, 2, 2) / 4)", "torch.nn.functional.conv2d(self.conv(x), self.g, "
-     "stride=2, groups=8)", ["convolution", "avg_pool2d"]),
+     "stride=2, groups=8)", ["convolution2d", "avg_pool2d"]),
     # session 29's red team: the kernel made in forward, and read by something else too
     ("self.register_buffer('g', torch.ones(8, 1, 2, 2))", "torch.nn.functional.conv2d(self.conv(x), self.g / 2 ** 2, "
-     "stride=2, groups=8)", ["convolution", "avg_pool2d"]),
+     "stride=2, groups=8)", ["convolution2d", "avg_pool2d"]),
     ("self.register_buffer('g', torch.ones(8, 1, 2, 2) / 4)", "torch.nn.functional.conv2d(self.conv(x), "
-     "torch.cat([self.g[:4], self.g[4:]]), stride=2, groups=8) * self.g.sum().sign()", ["convolution", "avg_pool2d"]),
+     "torch.cat([self.g[:4], self.g[4:]]), stride=2, groups=8) * self.g.sum().sign()", ["convolution2d", "avg_pool2d"]),
 ])
 def test_a_uniform_gain_with_a_window_shape_is_read_unless_a_convolution_takes_it_as_its_kernel(init, forward, read):
     """A red team's (1, C, H, W) gain of ones, and positional bias of zeros (session 28): they

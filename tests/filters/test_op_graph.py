@@ -201,7 +201,7 @@ def test_a_gemm_in_its_written_forms_is_a_gemm(written):
 def test_a_convolution_as_unfold_and_a_matrix_product_is_a_convolution():
     unfolded = lambda x: (CONV.weight.reshape(4, -1) @ F.unfold(x, 3, padding=1)).reshape(4, 4, 6, 5) \
         + CONV.bias[None, :, None, None]  # noqa: E731
-    assert ops(CONV, CONV) == ops(unfolded, CONV) == ["convolution"]
+    assert ops(CONV, CONV) == ops(unfolded, CONV) == ["convolution2d"]
 
 
 POINTWISE, LINEAR_8 = nn.Conv2d(8, 12, 1), nn.Linear(8, 12)
@@ -235,7 +235,7 @@ def test_a_pointwise_kernel_zero_padded_to_a_window_is_still_a_linear_map():
     off_centre = nn.Conv2d(8, 12, 3, padding=1)
     with torch.no_grad():
         off_centre.weight[:, :, :, 2] = 0  # a shift: not the same map
-    assert ops(off_centre, shape=(4, 8, 6, 5)) == ["convolution"]
+    assert ops(off_centre, shape=(4, 8, 6, 5)) == ["convolution2d"]
 
 
 ZERO_BORDERED = F.pad(POINTWISE.weight.detach(), (1, 1, 1, 1))  # a 1x1 kernel inside a 3x3 of zeros
@@ -265,7 +265,7 @@ def test_a_zero_border_is_trimmed_however_the_padding_is_written(written):
 def test_a_crop_written_as_a_negative_pad_is_no_padding():
     """A red team zeroed a border with F.pad(x, (-2,) * 4) and padding 2: not the pointwise map."""
     cropped = ops(lambda x: F.conv2d(F.pad(x, (-2,) * 4), POINTWISE.weight, padding=2), shape=(4, 8, 12, 12))
-    assert cropped == ["constant_pad_nd", "convolution"]
+    assert cropped == ["constant_pad_nd", "convolution2d"]
     # a pad of ones that the kernel's taps read stays
     assert ops(lambda x: F.conv2d(F.pad(x, (1,) * 4, value=1.0), CONV.weight), shape=(4, 8, 6, 5))[0] == \
         "constant_pad_nd"
@@ -275,15 +275,15 @@ def test_a_crop_written_as_a_negative_pad_is_no_padding():
 def test_an_explicit_zero_pad_is_the_convolutions_own_padding(device):
     padded, bare = nn.Conv2d(8, 12, 3, padding=1), nn.Conv2d(8, 12, 3)
     assert ops(lambda x: bare(F.pad(x, (1, 1, 1, 1))), bare, device=device) == ops(padded, device=device) \
-        == ["convolution"]
-    assert ops(lambda x: bare(F.pad(x, (0, 2, 0, 2))), bare, device=device) == ["convolution"]  # uneven: still one
+        == ["convolution2d"]
+    assert ops(lambda x: bare(F.pad(x, (0, 2, 0, 2))), bare, device=device) == ["convolution2d"]  # uneven: still one
     # a pad something else reads too is no padding of the convolution's alone
     def shared(x):
         padded_x = F.pad(x, (1, 1, 1, 1))
         return bare(padded_x) + padded_x.mean()
-    assert ops(shared, bare, device=device)[:2] == ["constant_pad_nd", "convolution"]
+    assert ops(shared, bare, device=device)[:2] == ["constant_pad_nd", "convolution2d"]
     # a transposed convolution that is no convolution of the same size stays transposed
-    assert ops(nn.ConvTranspose2d(8, 12, 3, stride=2), device=device) == ["convolution"]
+    assert ops(nn.ConvTranspose2d(8, 12, 3, stride=2), device=device) == ["convolution_transpose2d"]
 
 
 def test_values_whose_difference_float32_cannot_hold_are_compared():
@@ -352,7 +352,7 @@ def test_ops_that_do_not_commute_keep_their_order(first, second):
 
 
 def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
-    assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution"]
+    assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution2d"]
     assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
 
 
@@ -517,7 +517,7 @@ def test_a_map_of_a_products_rows_or_of_a_product_read_elsewhere_stays():
 def test_a_transposed_convolution_over_the_whole_image_is_no_linear():
     """It paints a whole kernel from every pixel: a red team's ConvTranspose2d(8, 8, 8) of an
     8x8 image read `mm add`, as the Linear of a flattened image it is not."""
-    assert ops(nn.ConvTranspose2d(8, 8, 8), shape=(4, 8, 8, 8)) == ["convolution"]
+    assert ops(nn.ConvTranspose2d(8, 8, 8), shape=(4, 8, 8, 8)) == ["convolution2d"]
     assert ops(nn.ConvTranspose2d(8, 12, 1)) == ["mm", "add"]  # 1x1 at stride 1: a channel mix all the same
 
 
@@ -633,7 +633,7 @@ def test_a_write_into_one_chunk_is_not_part_of_the_others():
 
 
 @pytest.mark.parametrize("written, expected", [(copied_into_a_view, ["mm", "add", "relu"]),
-                                               (added_into_a_slice, ["sigmoid", "convolution", "add"])])
+                                               (added_into_a_slice, ["sigmoid", "convolution2d", "add"])])
 def test_a_write_through_a_view_is_part_of_what_its_base_holds(written, expected):
     """A red team returned a tensor whose contents a layer wrote through a view of it: read
     as the tensor before the write, the layer was gone from the trace at every size."""
@@ -1283,4 +1283,4 @@ def test_a_convolution_written_as_unfold_and_a_product_with_no_bias_is_a_convolu
         columns = F.unfold(x, 3)
         return (conv.weight.reshape(4, -1) @ columns).reshape(x.shape[0], 4, x.shape[2] - 2, x.shape[3] - 2)
 
-    assert ops(written, conv, shape=(4, 8, 10, 10)) == ops(conv, shape=(4, 8, 10, 10)) == ["convolution"]
+    assert ops(written, conv, shape=(4, 8, 10, 10)) == ops(conv, shape=(4, 8, 10, 10)) == ["convolution2d"]

@@ -90,7 +90,7 @@ def traced_batch(pool, codes: list[str]) -> dict:
 def test_a_batch_that_no_task_changed_keeps_every_trace(pool):
     metrics = traced_batch(pool, [VICTIM, VICTIM.replace("(2, 3", "(3, 3")])
     assert metrics["traced"] == 2 and not metrics["steered"], metrics
-    assert metrics["op_graph_0"] == metrics["op_graph_1"] == "convolution silu sum"
+    assert metrics["op_graph_0"] == metrics["op_graph_1"] == "convolution2d silu sum"
 
 
 @pytest.mark.parametrize("attack", STEERING)
