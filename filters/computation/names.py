@@ -483,17 +483,20 @@ def convolution_name(image: tuple | None, kernel: tuple | None, stride, padding,
 
 def _convolution(image: tuple | None, kernel: tuple | None, stride, transposed: bool) -> str:
     """`convolution2d`, `convolution_transpose3d`: a convolution is named, as a pooling is, by
-    the dimensions its windows span (a kernel or a stride over 1: a Conv3d of a (1, k, k)
-    kernel is a Conv2d of every depth slice), and transposed or not (one at stride 1 is read
-    as a plain one, `_convolution_name`). A 3-D transposed convolution and a 2-D one, two
-    kernels a CUDA author writes apart, read alike at GRAPH_VERSION 34: 7 of the 23 pairs of
-    KernelBench L2 tasks above 0.9 were such pairs."""
+    the dimensions its windows span, and transposed or not (one at stride 1 is read as a plain
+    one, `_convolution_name`). A dimension is spanned by a kernel or a stride over 1 along it,
+    over an image more than 1 wide there unless transposed (which paints a whole kernel from
+    one pixel): a Conv3d of a (1, k, k) kernel is a Conv2d of every depth slice, and one of a
+    (3, k, k) kernel padded by 1 over an image 1 deep is a Conv2d by its middle slice. A 3-D
+    transposed convolution and a 2-D one, two kernels a CUDA author writes apart, read alike at
+    GRAPH_VERSION 34: 7 of the 23 pairs of KernelBench L2 tasks above 0.9 were such pairs."""
     shape = kernel or image
     if shape is None or len(shape) < 3:
         return "convolution"
     spatial = tuple(kernel[2:]) if kernel else (1,) * (len(shape) - 2)
     strides = _spread(_ints(stride), len(spatial))
-    spanned = sum(k > 1 or s > 1 for k, s in zip(spatial, strides)) or len(spatial)
+    widths = tuple(image[2:]) if image and len(image) == len(shape) and not transposed else (2,) * len(spatial)
+    spanned = sum((k > 1 or s > 1) and n > 1 for k, s, n in zip(spatial, strides, widths)) or len(spatial)
     return f"convolution{'_transpose' if transposed else ''}{spanned}d"
 
 

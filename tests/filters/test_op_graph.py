@@ -351,6 +351,18 @@ def test_ops_that_do_not_commute_keep_their_order(first, second):
     assert sequence_similarity(encode(ops(first)), encode(ops(second))) < 0.9, (ops(first), ops(second))
 
 
+def test_a_convolution_is_named_by_the_dimensions_its_windows_span():
+    """A Conv3d over an image one deep, by a (1, 3, 3) kernel or by a (3, 3, 3) one padded by 1,
+    is a Conv2d; a 3-D convolution and a transposed one are each their own (every convolution
+    read `convolution` until GRAPH_VERSION 35: a ConvTranspose3d task and a Conv2d one alike)."""
+    square, deep, flat = nn.Conv2d(8, 4, 3, padding=1), nn.Conv3d(8, 4, 3, padding=1), \
+        nn.Conv3d(8, 4, (1, 3, 3), padding=(0, 1, 1))
+    assert ops(lambda x: deep(x.unsqueeze(2)).squeeze(2), deep) == ops(lambda x: flat(x.unsqueeze(2)).squeeze(2), flat) \
+        == ops(square, square) == ["convolution2d"]
+    assert ops(deep, deep, shape=(2, 8, 4, 6, 5)) == ["convolution3d"]
+    assert ops(nn.ConvTranspose2d(8, 4, 3, stride=2)) == ["convolution_transpose2d"]
+
+
 def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
     assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution2d"]
     assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
