@@ -184,10 +184,19 @@ def canonical(node, symbolic: bool = False) -> list[str]:
 
 
 def _convolution_name(image, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> list[str]:
-    """A recorded convolution's name, read as the convolution it computes: explicit pads of its
-    image are its padding (`explicit_padding`; `padded_by_convolutions` drops the pads), a
-    transposed one at stride 1 is the convolution of the mirrored kernel padded by
-    dilation (k - 1) - padding, and a kernel's zero border is trimmed with the padding it reads."""
+    """A recorded convolution's name, read as the convolution it computes (`read_convolution`)."""
+    image, kernel, stride, padding, transposed = read_convolution(image, weight, stride, padding, dilation,
+                                                                  transposed, output_padding)
+    return convolution_name(image, kernel, stride, padding, groups, bias is not None, transposed=transposed)
+
+
+def read_convolution(image, weight, stride, padding, dilation, transposed, output_padding) -> tuple:
+    """(image shape, kernel shape, stride, padding, transposed) of the convolution a recorded one
+    computes: explicit pads of its image are its padding (`explicit_padding`;
+    `padded_by_convolutions` drops the pads), a transposed one at stride 1 is the convolution of
+    the mirrored kernel padded by dilation (k - 1) - padding, a kernel's zero border is trimmed
+    with the padding it reads, and an image repeated along a dimension is one wide there
+    (`repeats_dropped`)."""
     if not transposed:
         image, padding, _ = explicit_padding(image, weight, padding, dilation)
     if transposed and all(s == 1 for s in _ints(stride)) and not any(_ints(output_padding)) and \
@@ -197,10 +206,33 @@ def _convolution_name(image, weight, bias, stride, padding, dilation, transposed
                                                      _spread(_ints(dilation), len(spatial)))]
         if all(p >= 0 for p in same):
             transposed, padding = False, tuple(same)
-    kernel, padding = (_shape(weight), padding) if transposed else \
-        zero_border_trimmed(getattr(weight, "value", None), padding, dilation)
-    return convolution_name(_shape(image), kernel, stride, padding, groups, bias is not None,
-                            transposed=bool(transposed))
+    if transposed:
+        return _shape(image), _shape(weight), stride, padding, True
+    kernel, padding = zero_border_trimmed(getattr(weight, "value", None), padding, dilation)
+    return (*repeats_dropped(getattr(image, "value", None), _shape(image), kernel, stride, padding), padding, False)
+
+
+def repeats_dropped(image: torch.Tensor | None, shape: tuple | None, kernel: tuple | None, stride,
+                    padding) -> tuple:
+    """(image shape, kernel shape, stride) with every unpadded spatial dimension along which the
+    image's values are all the same taken as one wide: each output there sums the kernel's
+    slices over the same pixels, so the convolution is one of a kernel one wide there, and its
+    stride only repeats outputs (a red team's Conv2d written as a Conv3d of a (3, k, k) kernel
+    over its image repeated along a new depth read `convolution3d`)."""
+    if not isinstance(image, torch.Tensor) or image.is_meta or image.dim() < 3 or kernel is None or \
+            len(kernel) != image.dim() or isinstance(padding, str) and padding != "valid":
+        return shape, kernel, stride
+    spatial = image.dim() - 2
+    pads, strides = _spread(_ints(padding), spatial), _spread(_ints(stride), spatial)
+    if len(pads) != spatial or len(strides) != spatial:
+        return shape, kernel, stride
+    shape, kernel, strides = list(shape), list(kernel), list(strides)
+    for d in range(spatial):
+        corner = image[:1, :1]  # most images differ there already: the whole is compared only if not
+        if image.shape[2 + d] > 1 and not pads[d] and bool((corner == corner.narrow(2 + d, 0, 1)).all()) and \
+                bool((image == image.narrow(2 + d, 0, 1)).all()):
+            shape[2 + d], kernel[2 + d], strides[d] = 1, 1, 1
+    return tuple(shape), tuple(kernel), tuple(strides)
 
 
 UNEVEN = "uneven"  # the padding of a convolution under a zero pad wider on one side
@@ -493,10 +525,11 @@ def _convolution(image: tuple | None, kernel: tuple | None, stride, transposed: 
     shape = kernel or image
     if shape is None or len(shape) < 3:
         return "convolution"
-    spatial = tuple(kernel[2:]) if kernel else (1,) * (len(shape) - 2)
-    strides = _spread(_ints(stride), len(spatial))
-    widths = tuple(image[2:]) if image and len(image) == len(shape) and not transposed else (2,) * len(spatial)
-    spanned = sum((k > 1 or s > 1) and n > 1 for k, s, n in zip(spatial, strides, widths)) or len(spatial)
+    count = len(shape) - 2
+    spatial, strides = tuple(kernel[2:]) if kernel else (1,) * count, _spread(_ints(stride), count)
+    widths = tuple(image[2:]) if image and len(image) == len(shape) else (None,) * count  # None: not known
+    spanned = sum((k > 1 or s > 1) and (transposed or n is None or n > 1)
+                  for k, s, n in zip(spatial, strides, widths)) or count
     return f"convolution{'_transpose' if transposed else ''}{spanned}d"
 
 
@@ -504,15 +537,13 @@ def is_convolution(name: str) -> bool:
     return name.startswith("convolution")
 
 
-def border_trimmed(node) -> bool:
-    """Whether a recorded convolution reads as a smaller kernel than its own
-    (`_convolution_name`): its kernel's zero border trimmed."""
-    if _name(node) != "convolution" or len(node.args) < 9 or node.args[6]:
+def read_smaller(node) -> bool:
+    """Whether a recorded convolution reads as a smaller kernel than its own (`read_convolution`):
+    its kernel's zero border trimmed, or its image repeated along a dimension."""
+    if _name(node) != "convolution" or len(node.args) < 9:
         return False
-    image, weight, _, _, padding, dilation = node.args[:6]
-    _, padding, _ = explicit_padding(image, weight, padding, dilation)
-    kernel, _ = zero_border_trimmed(getattr(weight, "value", None), padding, dilation)
-    return kernel is not None and kernel != _shape(weight)
+    image, weight, _, stride, padding, dilation, transposed, output_padding = node.args[:8]
+    return read_convolution(image, weight, stride, padding, dilation, transposed, output_padding)[1] != _shape(weight)
 
 
 def zero_border_trimmed(weight: torch.Tensor | None, padding, dilation) -> tuple[tuple | None, tuple]:

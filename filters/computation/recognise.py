@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from filters.computation.names import (CHANNEL, SCALAR, _name, canonical, convolution_name, is_convolution, norm_name,
-                                      zero_border_trimmed)
+                                      repeats_dropped, zero_border_trimmed)
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -283,7 +283,8 @@ class _Recognisers:
                         if close(got, target[:1], 1e-3) and close(F.conv2d(x, w, bias, stride, padding, dilation,
                                                                            groups), target, 1e-3):
                             kernel, trimmed = zero_border_trimmed(w, padding, dilation)
-                            name = convolution_name(tuple(x.shape), kernel, stride, trimmed, groups, bias is not None)
+                            name = convolution_name(*repeats_dropped(x, tuple(x.shape), kernel, stride, trimmed),
+                                                    trimmed, groups, bias is not None)
                             return tuple(name), [node]
         return None
 

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from filters.similarity.score import Fingerprint, fingerprint, with_graph
-from operators.records import normalized_code
 from filters.store import JsonStore
+from operators.records import normalized_code
 
-GRAPH_VERSION = 35  # bump when filters/computation/ canonicalises differently
+GRAPH_VERSION = 36  # bump when filters/computation/ canonicalises differently
 
 log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")

@@ -523,7 +523,8 @@ def test_a_layer_scaled_away_at_the_small_problem_inside_those_ops_is_still_trac
 # sample at the small problem alone or at its own sizes alone (an instance norm there, a
 # batch norm elsewhere), and the identity around a write through a view; session 30's: a 3x3
 # kernel zero but for its centre at the small problem alone (a Linear there, a convolution at
-# its own sizes). Each reads as at its own sizes.
+# its own sizes); session 31's: an image repeated along a depth there alone (a 2-D convolution
+# there). Each reads as at its own sizes.
 READ_AS_AT_ITS_OWN_SIZES = {
     "affine_norm_near_identity_at_the_small_problem": (
         "return self.norm(x)", "self.norm = nn.InstanceNorm2d(4, affine=True)\n"
@@ -540,6 +541,9 @@ READ_AS_AT_ITS_OWN_SIZES = {
     "kernel_border_zero_at_the_small_problem_only": (
         "return torch.relu(self.conv(x))", "self.conv = nn.Conv2d(4, 4, 3, padding=1)\nmask = torch.zeros(3, 3)\n"
         "mask[1, 1] = 1.0\nwith torch.no_grad():\n    self.conv.weight.mul_(mask + (1 - mask) * (features - 16))"),
+    "image_repeated_at_the_small_problem_only": (
+        "y = x.unsqueeze(2) * (1 + (features - 16) * torch.arange(3.0).view(1, 1, 3, 1, 1))\n"
+        "return torch.relu(self.conv(y)).squeeze(2)", "self.conv = nn.Conv3d(4, 4, 3, padding=(0, 1, 1))"),
 }
 
 

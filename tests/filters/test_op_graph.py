@@ -363,6 +363,20 @@ def test_a_convolution_is_named_by_the_dimensions_its_windows_span():
     assert ops(nn.ConvTranspose2d(8, 4, 3, stride=2)) == ["convolution_transpose2d"]
 
 
+def test_a_convolution_of_an_image_repeated_along_a_dimension_is_one_of_a_kernel_one_wide_there():
+    """A Conv2d written as a Conv3d over its image repeated along a new depth (session 30's
+    evasion of GRAPH_VERSION 35: `convolution3d`); a pointwise one so is a Linear. Padded along
+    the depth, the border outputs sum fewer slices: a 3-D convolution."""
+    square, deep, point = nn.Conv2d(8, 4, 3, padding=1), nn.Conv3d(8, 4, 3, padding=(0, 1, 1)), nn.Conv3d(8, 4, (3, 1, 1))
+    repeated = lambda conv, depth=3: lambda x: conv(x.unsqueeze(2).expand(-1, -1, depth, -1, -1)).squeeze(2)  # noqa: E731
+    assert ops(repeated(deep), deep) == ops(square, square) == ["convolution2d"]
+    assert ops(repeated(point), point) == ops(nn.Conv2d(8, 4, 1)) == ["mm", "add"]
+    strided = nn.Conv3d(8, 4, 3, stride=(2, 1, 1), padding=(0, 1, 1))
+    assert ops(lambda x: strided(x.unsqueeze(2).expand(-1, -1, 5, -1, -1)).amax(2), strided) == ["convolution2d", "max"]
+    padded = nn.Conv3d(8, 4, 3, padding=1)
+    assert ops(lambda x: padded(x.unsqueeze(2).expand(-1, -1, 3, -1, -1)), padded) == ["convolution3d"]
+
+
 def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
     assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution2d"]
     assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
