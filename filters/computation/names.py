@@ -170,7 +170,7 @@ def canonical(node, symbolic: bool = False) -> list[str]:
     if POOLING.match(name):
         return [pooling_name(name, node.args)]
     if name == "convolution" and len(node.args) >= 9:
-        return _convolution_name(*node.args[:9])
+        return convolution_names(*_convolution_reading(node))
     bound = _bound_by_a_constant_tensor(node)
     if bound:
         # max(u, c) is relu(u - c) + c, and min(u, c) is min(u - c, 0) + c: a bound per channel or
@@ -183,76 +183,75 @@ def canonical(node, symbolic: bool = False) -> list[str]:
     return [SAME_AS.get(op, op) for op in SPLIT.get(name, (name,))]
 
 
-def _convolution_name(image, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> list[str]:
-    """A recorded convolution's name, read as the convolution it computes (`read_convolution`)."""
-    image, kernel, stride, padding, transposed = read_convolution(image, weight, stride, padding, dilation,
-                                                                  transposed, output_padding)
-    return convolution_name(image, kernel, stride, padding, groups, bias is not None, transposed=transposed)
-
-
-def read_convolution(image, weight, stride, padding, dilation, transposed, output_padding) -> tuple:
-    """(image shape, kernel shape, stride, padding, transposed) of the convolution a recorded one
-    computes: explicit pads of its image are its padding (`explicit_padding`;
-    `padded_by_convolutions` drops the pads), a transposed one at stride 1 is the convolution of
-    the mirrored kernel padded by dilation (k - 1) - padding, a kernel's zero border is trimmed
-    with the padding it reads, and an image repeated along a dimension is one wide there
-    (`repeats_dropped`)."""
-    if not transposed:
-        image, padding, _ = explicit_padding(image, weight, padding, dilation)
-    if transposed and all(s == 1 for s in _ints(stride)) and not any(_ints(output_padding)) and \
-            isinstance(_shape(weight), tuple):
-        spatial = _shape(weight)[2:]
-        same = [d * (k - 1) - p for k, p, d in zip(spatial, _spread(_ints(padding), len(spatial)),
-                                                     _spread(_ints(dilation), len(spatial)))]
-        if all(p >= 0 for p in same):
-            transposed, padding = False, tuple(same)
+def _convolution_reading(node) -> tuple:
+    """The arguments of `convolution_names` for a recorded convolution: explicit pads of its
+    image are its padding (`explicit_padding`; `padded_by_convolutions` drops the pads)."""
+    image, weight, bias, stride, padding, dilation, transposed, _, groups = node.args[:9]
     if transposed:
-        return _shape(image), _shape(weight), stride, padding, True
-    kernel, padding = zero_border_trimmed(getattr(weight, "value", None), padding, dilation)
-    return (*repeats_dropped(getattr(image, "value", None), _shape(image), kernel, stride, padding), padding, False)
+        image, padding = _transposed_padding(image, stride, padding)
+    else:
+        image, padding, _ = explicit_padding(node)
+    return (getattr(image, "value", None), getattr(weight, "value", None), getattr(node, "value", None), stride,
+            padding, dilation, groups, bias is not None, bool(transposed))
 
 
-def repeats_dropped(image: torch.Tensor | None, shape: tuple | None, kernel: tuple | None, stride,
-                    padding) -> tuple:
-    """(image shape, kernel shape, stride) with every unpadded spatial dimension along which the
-    image's values are all the same taken as one wide: each output there sums the kernel's
-    slices over the same pixels, so the convolution is one of a kernel one wide there, and its
-    stride only repeats outputs (a red team's Conv2d written as a Conv3d of a (3, k, k) kernel
-    over its image repeated along a new depth read `convolution3d`)."""
-    if not isinstance(image, torch.Tensor) or image.is_meta or image.dim() < 3 or kernel is None or \
-            len(kernel) != image.dim() or isinstance(padding, str) and padding != "valid":
-        return shape, kernel, stride
-    spatial = image.dim() - 2
-    pads, strides = _spread(_ints(padding), spatial), _spread(_ints(stride), spatial)
-    if len(pads) != spatial or len(strides) != spatial:
-        return shape, kernel, stride
-    shape, kernel, strides = list(shape), list(kernel), list(strides)
-    for d in range(spatial):
-        corner = image[:1, :1]  # most images differ there already: the whole is compared only if not
-        if image.shape[2 + d] > 1 and not pads[d] and bool((corner == corner.narrow(2 + d, 0, 1)).all()) and \
-                bool((image == image.narrow(2 + d, 0, 1)).all()):
-            shape[2 + d], kernel[2 + d], strides[d] = 1, 1, 1
-    return tuple(shape), tuple(kernel), tuple(strides)
+def _transposed_pads(image) -> list:
+    """The zero pads (and copies) under a transposed convolution's image: `_transposed_padding`."""
+    _, widths, taken, zeros = _explicit_pads(image)
+    return taken if widths is not None and zeros else []
 
 
-UNEVEN = "uneven"  # the padding of a convolution under a zero pad wider on one side
+def _transposed_padding(image, stride, padding) -> tuple:
+    """(the image under a transposed convolution's explicit zero pads, its padding less them):
+    a zero pad's positions paint nothing, and shift the rest by its width times the stride
+    (a red team padded the image of a stride-1 transposed convolution with F.pad)."""
+    node, widths, _, zeros = _explicit_pads(image)
+    if widths is None or not zeros or isinstance(padding, str):
+        return image, padding
+    return node, tuple(p - a * s for p, (a, _), s in zip(_spread(_ints(padding), len(widths)), widths,
+                                                          _spread(_ints(stride), len(widths))))
+
+
+def read_smaller(node) -> bool:
+    """Whether a recorded convolution's name depends on its values (a kernel's zero taps, an
+    image's zero or repeated slices: `convolution_names`), which these sizes' may not share
+    with the task's."""
+    if _name(node) != "convolution" or len(node.args) < 9:
+        return False
+    reading = _convolution_reading(node)
+    return convolution_names(*reading) != convolution_names(*reading, values=False)
+
+
 PADS = frozenset({"constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
                   "replication_pad1d", "replication_pad2d", "replication_pad3d"})
 COPIES = frozenset({"view", "unsafe_view", "reshape", "clone", "contiguous", "alias", "detach", "to_copy",
                     "lift_fresh_copy", "copy"})  # at the same shape: the same values
 
 
-def explicit_padding(image, weight, padding, dilation) -> tuple:
-    """(the image under a convolution's explicit pads, its padding with theirs added, the pad
-    and copy nodes taken in). Pads of zeros (F.pad's default), one on another and through
-    copies, are padding; pads of another value or mode are too where the kernel's zero border
-    is as deep as them all, so that no tap reads them. Widths must be the same on both sides of
-    each spatial dimension (zeros may be wider on one side: UNEVEN), none negative (a crop), and
-    none on the batch or the channels: else the image is the pad, spelled (a red team cropped
-    with F.pad(x, (-2,) * 4) and padded back)."""
-    spatial, node, taken, widths, zeros = _ndim(image) - 2, image, [], None, True
+def explicit_padding(conv) -> tuple:
+    """(the image under a recorded convolution's explicit pads, its padding with theirs added:
+    (before, after) pairs where they differ, the pad and copy nodes taken in). Pads of zeros
+    (F.pad's default), one on another and through copies, are padding; pads of another value
+    or mode are too where no output reads them (`_read_inside`: a kernel's zero border, a
+    stride that skips them). None may be negative (a crop), or on the batch or the channels:
+    else the image is the pad, spelled (a red team cropped with F.pad(x, (-2,) * 4) and
+    padded back)."""
+    image, padding = conv.args[0], conv.args[4]
     if isinstance(padding, str):  # 'same' or 'valid'
         return image, padding, []
+    node, widths, taken, zeros = _explicit_pads(image)
+    if widths is None or (not zeros and not _read_inside(conv, widths)):
+        return image, padding, []
+    pads = _spread(_ints(padding), len(widths))
+    if all(a == b for a, b in widths):
+        return node, tuple(p + a for p, (a, _) in zip(pads, widths)), taken
+    return node, tuple((p + a, p + b) for p, (a, b) in zip(pads, widths)), taken
+
+
+def _explicit_pads(image) -> tuple:
+    """(the node under the pads of `image`, the spatial widths they add as (before, after),
+    the pad and copy nodes, whether all pad zeros); widths None where there are none to take."""
+    spatial, node, taken, widths, zeros = _ndim(image) - 2, image, [], None, True
     while True:
         node, copies = _through_copies(node)
         pads = _pad_widths(node)
@@ -264,15 +263,26 @@ def explicit_padding(image, weight, padding, dilation) -> tuple:
         node = node.args[0]
     if widths is None or len(widths) != 2 + spatial or any(a or b for a, b in widths[:2]) or \
             any(a < 0 or b < 0 for a, b in widths):
-        return image, padding, []
-    if any(a != b for a, b in widths[2:]):  # a convolution all the same, its padding no window's own
-        return (node, UNEVEN, taken) if zeros else (image, padding, [])
-    added = tuple(a for a, _ in widths[2:])
-    total = tuple(p + a for p, a in zip(_spread(_ints(padding), spatial), added))
-    if not zeros and (any(_ints(padding)) or any(zero_border_trimmed(getattr(weight, "value", None), total,
-                                                                      dilation)[1])):
-        return image, padding, []
-    return node, total, taken
+        return image, None, [], zeros
+    return node, widths[2:], taken, zeros
+
+
+def _read_inside(conv, widths: tuple) -> bool:
+    """Whether no output of a plain convolution reads the positions its image's pads of
+    `widths` added, through its kernel's taps that are not zero."""
+    image, weight, out = (getattr(n, "value", None) for n in (conv.args[0], conv.args[1], conv))
+    if not all(isinstance(t, torch.Tensor) for t in (image, weight, out)) or not image.dim() == weight.dim() == out.dim():
+        return False
+    spatial = image.dim() - 2
+    strides, pads, dilations = (_spread(_ints(v), spatial) for v in (conv.args[3], conv.args[4], conv.args[5]))
+    for d, (before, after) in enumerate(widths):
+        size = image.shape[2 + d]
+        taps = torch.arange(weight.shape[2 + d], device="cpu") if weight.is_meta else _nonzero_along(weight, 2 + d)
+        read = torch.arange(out.shape[2 + d], device="cpu")[:, None] * strides[d] + taps[None, :] * dilations[d] - pads[d]
+        read = read[(read >= 0) & (read < size)]
+        if bool(((read < before) | (read >= size - after)).any()):
+            return False
+    return True
 
 
 def _through_copies(node) -> tuple:
@@ -315,8 +325,8 @@ def padded_by_convolutions(nodes: list, inputs_of=lambda node: node.inputs) -> s
             readers.setdefault(read, set()).add(node)
     taken, by = set(), set()
     for node in nodes:
-        if _name(node) == "convolution" and len(node.args) >= 9 and not node.args[6]:
-            absorbed = explicit_padding(node.args[0], node.args[1], node.args[4], node.args[5])[2]
+        if _name(node) == "convolution" and len(node.args) >= 9:
+            absorbed = _transposed_pads(node.args[0]) if node.args[6] else explicit_padding(node)[2]
             taken.update(absorbed)
             by.update([node] if absorbed else [])
     return {node for node in taken if readers.get(node) and readers[node] <= taken | by}
@@ -496,79 +506,124 @@ def bound_reach(node) -> tuple | None:
     return (CHANNEL, True) if same else None
 
 
-def convolution_name(image: tuple | None, kernel: tuple | None, stride, padding, groups: int,
-                     bias: bool, transposed: bool = False) -> list[str]:
-    """A convolution that mixes channels alone is a matrix product, and reads as the Linear it
-    computes (`mm`, and `add` for its bias): a 1x1 kernel at stride 1 unpadded (a Linear over
-    the channels of every pixel), or one window over the whole unpadded image (a Linear of the
-    flattened image; not a transposed one, which paints a whole kernel from every pixel: a red
-    team's ConvTranspose2d(8, 8, 8) of an 8x8 image read as a Linear). Any other is a
-    convolution (`_convolution` names which), its bias part of it."""
-    if kernel is not None and image is not None and groups == 1 and not any(_ints(padding)):
-        spatial = kernel[2:]
-        pointwise = all(k == 1 for k in spatial) and all(s == 1 for s in _ints(stride))
-        whole = tuple(spatial) == tuple(image[2:]) and not transposed
-        if pointwise or whole:
-            return ["mm"] + (["add"] if bias else [])
-    return [_convolution(image, kernel, stride, transposed)]
+# How a convolution reads along one spatial dimension (`_along`)
+POINTWISE = "pointwise"  # no output reads two positions there: a selection, a scatter or a repeat
+CONTRACTS = "contracts"  # one output reads them all: a sum over the dimension, as over channels
+SLIDES = "slides"  # windows: outputs read overlapping runs of positions
+SLIDES_TRANSPOSED = "slides transposed"  # windows a strided transposed convolution paints (or a plain one over a zero-stuffed image)
 
 
-def _convolution(image: tuple | None, kernel: tuple | None, stride, transposed: bool) -> str:
-    """`convolution2d`, `convolution_transpose3d`: a convolution is named, as a pooling is, by
-    the dimensions its windows span, and transposed or not (one at stride 1 is read as a plain
-    one, `_convolution_name`). A dimension is spanned by a kernel or a stride over 1 along it,
-    over an image more than 1 wide there unless transposed (which paints a whole kernel from
-    one pixel): a Conv3d of a (1, k, k) kernel is a Conv2d of every depth slice, and one of a
-    (3, k, k) kernel padded by 1 over an image 1 deep is a Conv2d by its middle slice. A 3-D
-    transposed convolution and a 2-D one, two kernels a CUDA author writes apart, read alike at
-    GRAPH_VERSION 34: 7 of the 23 pairs of KernelBench L2 tasks above 0.9 were such pairs."""
-    shape = kernel or image
-    if shape is None or len(shape) < 3:
-        return "convolution"
-    count = len(shape) - 2
-    spatial, strides = tuple(kernel[2:]) if kernel else (1,) * count, _spread(_ints(stride), count)
-    widths = tuple(image[2:]) if image and len(image) == len(shape) else (None,) * count  # None: not known
-    spanned = sum((k > 1 or s > 1) and (transposed or n is None or n > 1)
-                  for k, s, n in zip(spatial, strides, widths)) or count
-    return f"convolution{'_transpose' if transposed else ''}{spanned}d"
+def convolution_names(image, weight, out, stride, padding, dilation, groups: int, bias: bool, transposed: bool,
+                      values: bool = True) -> list[str]:
+    """A convolution of `image` by `weight` into `out` (tensors; their shapes alone on the
+    meta device or where `values` is False), read as what it computes: named, as a pooling is,
+    by the spatial dimensions its windows slide along (`_along`: where outputs read runs of
+    two or more image positions), whether it is transposed (a strided transposed convolution
+    whose windows overlap, or a plain one over a zero-stuffed image) and whether each output
+    channel reads one input channel alone (`_depthwise`): `convolution2d`,
+    `convolution_depthwise_transpose3d`. One whose windows slide along no dimension is a
+    matrix product over its channels (and over the dimensions it sums whole): `mm`, and `add`
+    for its bias, or a scale per channel (`mul`) if it is depthwise too. A Conv3d of a
+    (1, k, k) kernel, or of a (3, k, k) one over an image 1 deep, reads `convolution2d`; a
+    1x1 one, padded or strided, and a ConvTranspose2d of a kernel as wide as its stride, `mm`.
+    Values decide where they can: a kernel's zero taps and the image's zero slices are not
+    read, and an image repeated along a dimension is one position there (red teams wrote a
+    Conv2d as a Conv3d over the image repeated along a new depth, a Linear as a zero-bordered
+    kernel's convolution, and a ConvTranspose2d as a convolution of a zero-stuffed image)."""
+    tensors = (image, weight, out)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or image.dim() < 3 or \
+            not image.dim() == weight.dim() == out.dim():
+        return ["convolution"]
+    spatial = image.dim() - 2
+    strides, dilations = _spread(_ints(stride), spatial), _spread(_ints(dilation), spatial)
+    lefts = _left_pads(padding, tuple(weight.shape[2:]), dilations)
+    if len(strides) != spatial or len(dilations) != spatial or lefts is None:
+        return ["convolution"]
+    values = values and not any(t.is_meta for t in tensors)
+    kinds = [_along(image, weight, out, d, strides[d], dilations[d], lefts[d], transposed, values)
+             for d in range(spatial)]
+    depthwise = _depthwise(weight, groups, transposed, image.shape[1], values)
+    windows = sum(kind in (SLIDES, SLIDES_TRANSPOSED) for kind in kinds)
+    if not windows:
+        return ["mul" if depthwise and CONTRACTS not in kinds else "mm"] + (["add"] if bias else [])
+    return [f"convolution{'_depthwise' if depthwise else ''}{'_transpose' if SLIDES_TRANSPOSED in kinds else ''}"
+            f"{windows}d"]
+
+
+def _left_pads(padding, kernel: tuple, dilations: tuple) -> tuple | None:
+    """Each spatial dimension's padding before its first position."""
+    if padding == "valid":
+        return (0,) * len(kernel)
+    if padding == "same":  # torch puts the odd one after
+        return tuple(d * (k - 1) // 2 for k, d in zip(kernel, dilations))
+    if isinstance(padding, str):
+        return None
+    if isinstance(padding, tuple) and padding and isinstance(padding[0], tuple):  # (before, after) pairs: `explicit_padding`
+        return tuple(before for before, _ in padding)
+    pads = _spread(_ints(padding), len(kernel))
+    return pads if len(pads) == len(kernel) else None
+
+
+def _along(image, weight, out, d: int, stride: int, dilation: int, left: int, transposed: bool, values: bool) -> str:
+    """How a convolution reads along spatial dimension `d` (POINTWISE, CONTRACTS, SLIDES,
+    SLIDES_TRANSPOSED): which image positions each output position reads, through the
+    kernel's taps and the padding, counting only taps that are not zero and positions of the
+    image that are not zero everywhere (with `values`)."""
+    size, count, width = image.shape[2 + d], out.shape[2 + d], weight.shape[2 + d]
+    taps = _nonzero_along(weight, 2 + d) if values else torch.arange(width, device="cpu")
+    positions = _nonzero_along(image, 2 + d) if values else torch.arange(size, device="cpu")
+    if transposed:
+        # each image position paints the kernel's taps: an output reads what lands on it
+        landing = (positions[:, None] * stride + taps[None, :] * dilation - left).flatten()
+        reads = torch.bincount(landing[(landing >= 0) & (landing < count)], minlength=count)
+    else:
+        read = torch.arange(count, device="cpu")[:, None] * stride + taps[None, :] * dilation - left
+        inside = (read >= 0) & (read < size)
+        if values and bool(inside.all()) and _repeated_along(image, 2 + d):
+            return POINTWISE  # every output sums the kernel's taps over the same values
+        live = torch.zeros(size + 1, dtype=torch.bool, device="cpu")
+        live[positions] = True
+        reads = (inside & live[read.clamp(0, size)]).sum(1)
+    if len(reads) == 0 or int(reads.max()) < 2:
+        return POINTWISE
+    if int((reads > 0).sum()) < 2:
+        return CONTRACTS
+    stuffed = not transposed and stride == 1 and len(positions) > 1 and int((positions[1:] - positions[:-1]).min()) > 1
+    return SLIDES_TRANSPOSED if (transposed and stride > 1) or stuffed else SLIDES
+
+
+def _nonzero_along(value: torch.Tensor, dim: int) -> torch.Tensor:
+    """The positions along `dim` where `value` is not zero somewhere (on the CPU)."""
+    corner = value[(0,) * min(dim, 2)].movedim(dim - min(dim, 2), 0) if value.dim() > 2 else value.movedim(dim, 0)
+    if bool(corner.reshape(corner.shape[0], -1).ne(0).any(1).all()):  # most images are: one sample's channel says so
+        return torch.arange(value.shape[dim], device="cpu")
+    return value.movedim(dim, 0).reshape(value.shape[dim], -1).ne(0).any(1).nonzero().flatten().cpu()
+
+
+def _repeated_along(image: torch.Tensor, dim: int) -> bool:
+    """Whether the image's values are the same at every position along `dim`."""
+    corner = image[:1, :1]  # most images differ there already: the whole is compared only if not
+    return image.shape[dim] > 1 and bool((corner == corner.narrow(dim, 0, 1)).all()) and \
+        bool((image == image.narrow(dim, 0, 1)).all())
+
+
+def _depthwise(weight: torch.Tensor, groups, transposed: bool, channels: int, values: bool) -> bool:
+    """Whether each output channel reads one input channel alone: groups as many as the
+    image's channels, or (with `values`) a kernel zero across all other channels (a dense
+    convolution by a block-diagonal weight computes the depthwise one)."""
+    groups = groups if isinstance(groups, int) and groups > 0 else 1
+    if channels < 2:
+        return False
+    if not values:
+        return channels // groups == 1
+    reads = weight.ne(0).flatten(2).any(2)  # (out, in per group), or (in, out per group) transposed
+    if transposed:
+        reads = reads.reshape(groups, channels // groups, -1).transpose(1, 2).reshape(-1, channels // groups)
+    return bool((reads.sum(1) <= 1).all())
 
 
 def is_convolution(name: str) -> bool:
     return name.startswith("convolution")
-
-
-def read_smaller(node) -> bool:
-    """Whether a recorded convolution reads as a smaller kernel than its own (`read_convolution`):
-    its kernel's zero border trimmed, or its image repeated along a dimension."""
-    if _name(node) != "convolution" or len(node.args) < 9:
-        return False
-    image, weight, _, stride, padding, dilation, transposed, output_padding = node.args[:8]
-    return read_convolution(image, weight, stride, padding, dilation, transposed, output_padding)[1] != _shape(weight)
-
-
-def zero_border_trimmed(weight: torch.Tensor | None, padding, dilation) -> tuple[tuple | None, tuple]:
-    """(kernel shape, padding) of the same convolution with the kernel's zero border trimmed,
-    as deep on both sides of a dimension and no deeper than its padding: those taps read the
-    padding or multiply by zero (a red team's 1x1 kernel zero-padded to 3x3 with padding 1,
-    0.0 against KernelBench's conv_pointwise_2D). Shapes alone on the meta device."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() < 3:
-        return None, padding
-    shape = tuple(weight.shape)
-    if weight.is_meta:
-        return shape, padding
-    spatial = len(shape) - 2
-    pads, spacing = list(_spread(_ints(padding), spatial)), list(_spread(_ints(dilation), spatial))
-    if isinstance(padding, str) or len(pads) != spatial or len(spacing) != spatial:
-        return shape, padding
-    kernel, taps = list(shape), weight.detach().ne(0)
-    for d in range(spatial):
-        used = taps.movedim(2 + d, 0).reshape(shape[2 + d], -1).any(1).nonzero().flatten()
-        if not len(used):
-            return shape, padding
-        depth = min(int(used[0]), shape[2 + d] - 1 - int(used[-1]), pads[d] // max(spacing[d], 1))
-        kernel[2 + d] -= 2 * depth
-        pads[d] -= depth * spacing[d]
-    return tuple(kernel), tuple(pads)
 
 
 POOLING = re.compile(r"(max|avg)_pool([123])d(_with_indices)?$")

@@ -12,8 +12,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from filters.computation.names import (CHANNEL, SCALAR, _name, canonical, convolution_name, is_convolution, norm_name,
-                                      repeats_dropped, zero_border_trimmed)
+from filters.computation.names import (CHANNEL, SCALAR, _name, canonical, convolution_names, is_convolution,
+                                      norm_name)
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -282,9 +282,8 @@ class _Recognisers:
                         # then every sample: a task can convolve the first alone
                         if close(got, target[:1], 1e-3) and close(F.conv2d(x, w, bias, stride, padding, dilation,
                                                                            groups), target, 1e-3):
-                            kernel, trimmed = zero_border_trimmed(w, padding, dilation)
-                            name = convolution_name(*repeats_dropped(x, tuple(x.shape), kernel, stride, trimmed),
-                                                    trimmed, groups, bias is not None)
+                            name = convolution_names(x, w, target, stride, padding, dilation, groups, bias is not None,
+                                                     transposed=False)
                             return tuple(name), [node]
         return None
 

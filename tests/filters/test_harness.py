@@ -542,8 +542,8 @@ READ_AS_AT_ITS_OWN_SIZES = {
         "return torch.relu(self.conv(x))", "self.conv = nn.Conv2d(4, 4, 3, padding=1)\nmask = torch.zeros(3, 3)\n"
         "mask[1, 1] = 1.0\nwith torch.no_grad():\n    self.conv.weight.mul_(mask + (1 - mask) * (features - 16))"),
     "image_repeated_at_the_small_problem_only": (
-        "y = x.unsqueeze(2) * (1 + (features - 16) * torch.arange(3.0).view(1, 1, 3, 1, 1))\n"
-        "return torch.relu(self.conv(y)).squeeze(2)", "self.conv = nn.Conv3d(4, 4, 3, padding=(0, 1, 1))"),
+        "y = x.unsqueeze(2) * (1 + (features - 16) * torch.arange(4.0).view(1, 1, 4, 1, 1))\n"
+        "return torch.relu(self.conv(y))", "self.conv = nn.Conv3d(4, 4, 3, padding=(0, 1, 1))"),
 }
 
 

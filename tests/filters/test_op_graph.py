@@ -263,9 +263,9 @@ def test_a_zero_border_is_trimmed_however_the_padding_is_written(written):
 
 
 def test_a_crop_written_as_a_negative_pad_is_no_padding():
-    """A red team zeroed a border with F.pad(x, (-2,) * 4) and padding 2: not the pointwise map."""
+    """A red team zeroed a border with F.pad(x, (-2,) * 4) and padding 2: not the pointwise map alone."""
     cropped = ops(lambda x: F.conv2d(F.pad(x, (-2,) * 4), POINTWISE.weight, padding=2), shape=(4, 8, 12, 12))
-    assert cropped == ["constant_pad_nd", "convolution2d"]
+    assert cropped == ["constant_pad_nd", "mm"]
     # a pad of ones that the kernel's taps read stays
     assert ops(lambda x: F.conv2d(F.pad(x, (1,) * 4, value=1.0), CONV.weight), shape=(4, 8, 6, 5))[0] == \
         "constant_pad_nd"
@@ -377,9 +377,79 @@ def test_a_convolution_of_an_image_repeated_along_a_dimension_is_one_of_a_kernel
     assert ops(lambda x: padded(x.unsqueeze(2).expand(-1, -1, 3, -1, -1)), padded) == ["convolution3d"]
 
 
-def test_a_convolution_that_is_no_channel_mix_alone_stays_a_convolution():
-    assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == ["convolution2d"]
-    assert ops(nn.Conv2d(8, 8, 1, groups=8)) != ["mm", "add"]  # a scale and a shift per channel
+def test_a_convolution_whose_windows_slide_along_no_dimension_is_a_matrix_product():
+    """A 1x1 convolution strided or padded, a transposed one whose kernel is no wider than its
+    stride, a kernel whose outer taps read the padding alone: no output reads two positions
+    of a dimension, and each is a Linear per pixel; a depthwise one is a scale per channel. A
+    red team's 1x1 convolutions at 1.0 against a 3x3 one (session 31)."""
+    linear = ["mm", "add"]
+    assert ops(nn.Conv2d(8, 12, 1, stride=2)) == ops(nn.Conv2d(8, 12, 1, padding=1)) == linear
+    assert ops(nn.ConvTranspose2d(8, 12, 2, stride=2)) == ops(nn.ConvTranspose2d(8, 12, 1, stride=2)) == linear
+    assert ops(nn.Conv2d(8, 8, 1, groups=8)) == ["mul", "add"]
+    far = nn.Conv2d(8, 12, 3, padding=6, dilation=6)  # the outer taps land beyond a 6 x 5 image
+    assert ops(far, shape=(4, 8, 6, 5)) == linear
+    assert ops(nn.Conv2d(8, 12, 3, stride=2)) == ops(nn.ConvTranspose2d(8, 12, 3, stride=1)) == ["convolution2d"]
+    assert ops(nn.ConvTranspose2d(8, 12, 4, stride=2, padding=1)) == ["convolution_transpose2d"]
+
+
+torch.manual_seed(0)
+SQUARE_CONV, STRIDED_1D = nn.Conv2d(8, 16, 3), nn.Conv1d(8, 16, 3, stride=2)
+UPSAMPLE = nn.ConvTranspose2d(8, 16, 4, stride=2, padding=1)
+DEPTH_UPSAMPLE = nn.ConvTranspose3d(8, 16, (1, 4, 4), stride=2, padding=(0, 1, 1))
+with torch.no_grad():
+    DEPTH_UPSAMPLE.weight.copy_(UPSAMPLE.weight.unsqueeze(2)), DEPTH_UPSAMPLE.bias.copy_(UPSAMPLE.bias)
+
+
+def _zero_stuffed(x):
+    """UPSAMPLE as the plain convolution of its image with zeros between the pixels."""
+    stuffed = torch.zeros(*x.shape[:2], 2 * x.shape[2] - 1, 2 * x.shape[3] - 1)
+    stuffed[:, :, ::2, ::2] = x
+    return F.conv2d(F.pad(stuffed, (2,) * 4), UPSAMPLE.weight.flip(2, 3).transpose(0, 1), UPSAMPLE.bias)
+
+
+def _polyphase(x):
+    """STRIDED_1D over the (length / 2, 2) view of its image: taps 0 and 1 in a row, tap 2 below."""
+    w = STRIDED_1D.weight
+    kernel = torch.stack([torch.stack([w[..., 0], w[..., 1]], -1), torch.stack([w[..., 2], torch.zeros_like(w[..., 2])], -1)], -2)
+    return F.conv2d(x.reshape(*x.shape[:2], -1, 2), kernel, STRIDED_1D.bias).squeeze(-1)
+
+
+@pytest.mark.parametrize("name, layer, shape, written", [
+    # channels folded into a dimension the kernel spans whole: a sum, as over channels
+    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5), lambda x: F.conv3d(x.view(4, 4, 2, 6, 5), SQUARE_CONV.weight.view(16, 4, 2, 3, 3),
+                                                              SQUARE_CONV.bias).squeeze(2)),
+    ("convolution1d", STRIDED_1D, (4, 8, 20), _polyphase),
+    ("convolution_transpose2d", UPSAMPLE, (4, 8, 6, 5), _zero_stuffed),
+    # a stride along a dimension 1 wide paints nothing
+    ("convolution_transpose2d", UPSAMPLE, (4, 8, 6, 5), lambda x: DEPTH_UPSAMPLE(x.unsqueeze(2)).squeeze(2)),
+    # a transposed convolution at stride 1 padded past its kernel: the plain one of a cropped image
+    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5), lambda x: F.conv_transpose2d(F.pad(x, (1,) * 4), SQUARE_CONV.weight.flip(2, 3).transpose(0, 1),
+                                                                        SQUARE_CONV.bias, padding=3)),
+    # a Linear as a padded 1x1 convolution's centre, and as a strided transposed one of a 1x1 image
+    ("mm add", LINEAR, (4, 5), lambda x: F.conv2d(x[:, :, None, None], LINEAR.weight[..., None, None], LINEAR.bias,
+                                                  padding=1)[:, :, 1, 1]),
+    ("mm add", LINEAR, (4, 5), lambda x: F.conv_transpose2d(x[:, :, None, None], LINEAR.weight.t()[..., None, None],
+                                                            LINEAR.bias, stride=2).flatten(1)),
+])
+def test_a_convolution_written_over_another_layout_reads_as_itself(name, layer, shape, written):
+    """Session 31's red team: each computed its original exactly and read apart from it
+    (0.4 to 0.667) at GRAPH_VERSION 35."""
+    x = torch.randn(*shape)
+    assert torch.allclose(layer(x), written(x), atol=1e-5)
+    assert ops(layer, shape=shape) == ops(written, layer, shape=shape) == name.split()
+
+
+def test_a_depthwise_convolution_reads_apart_from_a_dense_one_however_its_weight_is_held():
+    """Each output channel of one reads one input channel (a red team's dense 3x3 against a
+    depthwise 3x3, 1.0 at GRAPH_VERSION 35); a dense weight zero but on its block diagonal
+    computes it too."""
+    depthwise, dense = nn.Conv2d(8, 16, 3, padding=1, groups=8), nn.Conv2d(8, 16, 3, padding=1)
+    diagonal = torch.zeros(16, 8, 3, 3)
+    for channel in range(16):
+        diagonal[channel, channel // 2] = depthwise.weight.detach()[channel, 0]
+    assert ops(depthwise) == ops(lambda x: F.conv2d(x, diagonal, depthwise.bias, padding=1), depthwise) == \
+        ["convolution_depthwise2d"]
+    assert ops(dense) == ["convolution2d"]
 
 
 BOX = torch.full((8, 1, 2, 2), 0.25)
