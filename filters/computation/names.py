@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import dataclasses
 import re
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -170,7 +171,7 @@ def canonical(node, symbolic: bool = False) -> list[str]:
     if POOLING.match(name):
         return [pooling_name(name, node.args)]
     if name == "convolution" and len(node.args) >= 9:
-        return convolution_names(*_convolution_reading(node))
+        return _read_convolution(node)
     bound = _bound_by_a_constant_tensor(node)
     if bound:
         # max(u, c) is relu(u - c) + c, and min(u, c) is min(u - c, 0) + c: a bound per channel or
@@ -181,6 +182,18 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
         return [_batch_statistics_norm(node.args[0])]
     return [SAME_AS.get(op, op) for op in SPLIT.get(name, (name,))]
+
+
+_CONVOLUTIONS_READ: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node -> (by values, by shapes)
+
+
+def _read_convolution(node, values: bool = True) -> list[str]:
+    """`convolution_names` of a recorded convolution, once per node (a reading asks it of
+    each node several times, and it reads the node's tensors)."""
+    if node not in _CONVOLUTIONS_READ:
+        reading = _convolution_reading(node)
+        _CONVOLUTIONS_READ[node] = (convolution_names(*reading), convolution_names(*reading, values=False))
+    return list(_CONVOLUTIONS_READ[node][0 if values else 1])
 
 
 def _convolution_reading(node) -> tuple:
@@ -218,8 +231,7 @@ def read_smaller(node) -> bool:
     with the task's."""
     if _name(node) != "convolution" or len(node.args) < 9:
         return False
-    reading = _convolution_reading(node)
-    return convolution_names(*reading) != convolution_names(*reading, values=False)
+    return _read_convolution(node) != _read_convolution(node, values=False)
 
 
 PADS = frozenset({"constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
@@ -593,11 +605,15 @@ def _along(image, weight, out, d: int, stride: int, dilation: int, left: int, tr
 
 
 def _nonzero_along(value: torch.Tensor, dim: int) -> torch.Tensor:
-    """The positions along `dim` where `value` is not zero somewhere (on the CPU)."""
-    corner = value[(0,) * min(dim, 2)].movedim(dim - min(dim, 2), 0) if value.dim() > 2 else value.movedim(dim, 0)
-    if bool(corner.reshape(corner.shape[0], -1).ne(0).any(1).all()):  # most images are: one sample's channel says so
-        return torch.arange(value.shape[dim], device="cpu")
-    return value.movedim(dim, 0).reshape(value.shape[dim], -1).ne(0).any(1).nonzero().flatten().cpu()
+    """The positions along `dim` (2 or more) where `value` is not zero somewhere (on the CPU)."""
+    for part in (value[:1], value):  # most images are nonzero everywhere in their first sample already
+        others = tuple(d for d in range(value.dim()) if d != dim)
+        found = part.ne(0).any(others[-1])
+        for d in reversed(others[:-1]):
+            found = found.any(d)
+        if bool(found.all()):
+            break
+    return found.nonzero().flatten().cpu()
 
 
 def _repeated_along(image: torch.Tensor, dim: int) -> bool:
