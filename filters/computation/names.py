@@ -201,25 +201,49 @@ def _convolution_reading(node) -> tuple:
     image are its padding (`explicit_padding`; `padded_by_convolutions` drops the pads)."""
     image, weight, bias, stride, padding, dilation, transposed, _, groups = node.args[:9]
     if transposed:
-        image, padding = _transposed_padding(image, stride, padding)
+        image, padding = _transposed_padding(node)
     else:
         image, padding, _ = explicit_padding(node)
     return (getattr(image, "value", None), getattr(weight, "value", None), getattr(node, "value", None), stride,
             padding, dilation, groups, bias is not None, bool(transposed))
 
 
-def _transposed_pads(image) -> list:
-    """The zero pads (and copies) under a transposed convolution's image: `_transposed_padding`."""
-    _, widths, taken, zeros = _explicit_pads(image)
-    return taken if widths is not None and zeros else []
+def _transposed_pads(conv) -> tuple:
+    """(the image under a transposed convolution's explicit pads, their spatial widths, the pad
+    and copy nodes) where they are its padding: pads of zeros, which paint nothing, or of any
+    value or mode whose positions paint nowhere on the output (a red team's replicate pad under
+    a stride-1 transposed convolution padded past it); (its image, None, []) where not."""
+    image = conv.args[0]
+    node, widths, taken, zeros = _explicit_pads(image)
+    if widths is None or not (zeros or not _painted_inside(conv, widths)):
+        return image, None, []
+    return node, widths, taken
 
 
-def _transposed_padding(image, stride, padding) -> tuple:
-    """(the image under a transposed convolution's explicit zero pads, its padding less them):
-    a zero pad's positions paint nothing, and shift the rest by its width times the stride
-    (a red team padded the image of a stride-1 transposed convolution with F.pad)."""
-    node, widths, _, zeros = _explicit_pads(image)
-    if widths is None or not zeros or isinstance(padding, str):
+def _painted_inside(conv, widths: tuple) -> bool:
+    """Whether a transposed convolution paints any position its image's pads of `widths`
+    added onto its output, through its kernel's taps that are not zero."""
+    image, weight, out = (getattr(n, "value", None) for n in (conv.args[0], conv.args[1], conv))
+    if not all(isinstance(t, torch.Tensor) for t in (image, weight, out)) or not image.dim() == weight.dim() == out.dim():
+        return True
+    spatial = image.dim() - 2
+    strides, pads, dilations = (_spread(_ints(v), spatial) for v in (conv.args[3], conv.args[4], conv.args[5]))
+    for d, (before, after) in enumerate(widths):
+        size = image.shape[2 + d]
+        taps = torch.arange(weight.shape[2 + d], device="cpu") if weight.is_meta else _nonzero_along(weight, 2 + d)
+        added = torch.cat([torch.arange(before, device="cpu"), torch.arange(size - after, size, device="cpu")])
+        landing = added[:, None] * strides[d] + taps[None, :] * dilations[d] - pads[d]
+        if bool(((landing >= 0) & (landing < out.shape[2 + d])).any()):
+            return True
+    return False
+
+
+def _transposed_padding(conv) -> tuple:
+    """(the image under a transposed convolution's explicit pads, its padding less them): a
+    pad's positions shift the rest by its width times the stride (`_transposed_pads`)."""
+    image, stride, padding = conv.args[0], conv.args[3], conv.args[4]
+    node, widths, _ = _transposed_pads(conv)
+    if widths is None or isinstance(padding, str):
         return image, padding
     return node, tuple(p - a * s for p, (a, _), s in zip(_spread(_ints(padding), len(widths)), widths,
                                                           _spread(_ints(stride), len(widths))))
@@ -338,7 +362,7 @@ def padded_by_convolutions(nodes: list, inputs_of=lambda node: node.inputs) -> s
     taken, by = set(), set()
     for node in nodes:
         if _name(node) == "convolution" and len(node.args) >= 9:
-            absorbed = _transposed_pads(node.args[0]) if node.args[6] else explicit_padding(node)[2]
+            absorbed = (_transposed_pads(node) if node.args[6] else explicit_padding(node))[2]
             taken.update(absorbed)
             by.update([node] if absorbed else [])
     return {node for node in taken if readers.get(node) and readers[node] <= taken | by}
@@ -522,7 +546,8 @@ def bound_reach(node) -> tuple | None:
 POINTWISE = "pointwise"  # no output reads two positions there: a selection, a scatter or a repeat
 CONTRACTS = "contracts"  # one output reads them all: a sum over the dimension, as over channels
 SLIDES = "slides"  # windows: outputs read overlapping runs of positions
-SLIDES_TRANSPOSED = "slides transposed"  # windows a strided transposed convolution paints (or a plain one over a zero-stuffed image)
+# windows a strided transposed convolution paints (or a plain one over a zero-stuffed image)
+SLIDES_TRANSPOSED = "slides transposed"
 
 
 def convolution_names(image, weight, out, stride, padding, dilation, groups: int, bias: bool, transposed: bool,

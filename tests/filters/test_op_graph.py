@@ -410,21 +410,27 @@ def _zero_stuffed(x):
 def _polyphase(x):
     """STRIDED_1D over the (length / 2, 2) view of its image: taps 0 and 1 in a row, tap 2 below."""
     w = STRIDED_1D.weight
-    kernel = torch.stack([torch.stack([w[..., 0], w[..., 1]], -1), torch.stack([w[..., 2], torch.zeros_like(w[..., 2])], -1)], -2)
+    rows = [torch.stack([w[..., 0], w[..., 1]], -1), torch.stack([w[..., 2], torch.zeros_like(w[..., 2])], -1)]
+    kernel = torch.stack(rows, -2)
     return F.conv2d(x.reshape(*x.shape[:2], -1, 2), kernel, STRIDED_1D.bias).squeeze(-1)
 
 
 @pytest.mark.parametrize("name, layer, shape, written", [
     # channels folded into a dimension the kernel spans whole: a sum, as over channels
-    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5), lambda x: F.conv3d(x.view(4, 4, 2, 6, 5), SQUARE_CONV.weight.view(16, 4, 2, 3, 3),
-                                                              SQUARE_CONV.bias).squeeze(2)),
+    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5),
+     lambda x: F.conv3d(x.view(4, 4, 2, 6, 5), SQUARE_CONV.weight.view(16, 4, 2, 3, 3), SQUARE_CONV.bias).squeeze(2)),
     ("convolution1d", STRIDED_1D, (4, 8, 20), _polyphase),
     ("convolution_transpose2d", UPSAMPLE, (4, 8, 6, 5), _zero_stuffed),
     # a stride along a dimension 1 wide paints nothing
     ("convolution_transpose2d", UPSAMPLE, (4, 8, 6, 5), lambda x: DEPTH_UPSAMPLE(x.unsqueeze(2)).squeeze(2)),
     # a transposed convolution at stride 1 padded past its kernel: the plain one of a cropped image
-    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5), lambda x: F.conv_transpose2d(F.pad(x, (1,) * 4), SQUARE_CONV.weight.flip(2, 3).transpose(0, 1),
-                                                                        SQUARE_CONV.bias, padding=3)),
+    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5),
+     lambda x: F.conv_transpose2d(F.pad(x, (1,) * 4), SQUARE_CONV.weight.flip(2, 3).transpose(0, 1), SQUARE_CONV.bias,
+                                  padding=3)),
+    # and over a replicate pad that it paints nowhere on the output
+    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5),
+     lambda x: F.conv_transpose2d(F.pad(x, (1,) * 4, mode="replicate"), SQUARE_CONV.weight.flip(2, 3).transpose(0, 1),
+                                  SQUARE_CONV.bias, padding=3)),
     # a Linear as a padded 1x1 convolution's centre, and as a strided transposed one of a 1x1 image
     ("mm add", LINEAR, (4, 5), lambda x: F.conv2d(x[:, :, None, None], LINEAR.weight[..., None, None], LINEAR.bias,
                                                   padding=1)[:, :, 1, 1]),
