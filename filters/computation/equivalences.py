@@ -11,7 +11,7 @@ import torch
 
 from filters.computation.names import (LAYOUT_ONLY, BOUNDING, read_smaller, _merged_branches, _name, canonical,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
-                                      ELEMENT_BOUNDS, GENERIC)
+                                      ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
 from filters.computation.record import _Op, _Recorder
 from filters.computation.values import HEAD, SAMPLE, _apart_values, _is_float, _is_numeric, _uniform, close
@@ -176,6 +176,8 @@ class _Equivalences(_Unspelled, _Recognisers):
             return None
         if node not in self.named and _name(node) in ELEMENT_BOUNDS:
             return bound_reach(node)
+        if node not in self.named and _name(node) in NORMS:
+            return norm_affine_reach(node, name)
         if node in affine and len(reads[node]) == 1:
             return affine_reach(reads[node][0].value, node.value)
         return None

@@ -741,6 +741,20 @@ def _group_norm(args) -> list[str]:
     return [name] + _affine(args[1], args[2])
 
 
+def norm_affine_reach(node, name: str) -> tuple | None:
+    """(CHANNEL, whether positive) of a group norm's or a training batch norm's own scale
+    (`mul`) or shift (`add`): its weight and bias are per channel, as a hand-written norm's
+    `y * w + b` is, and move past a pooling as that does (`canonical_order`; a copy of
+    KernelBench's L2 85 with its group norm written out read `max_pool2d mul add` against
+    `mul add max_pool2d`, 0.833, on the values a reading redraws)."""
+    if not (_name(node) == "group_norm" or _name(node) == "batch_norm" and _training(node.args)):
+        return None
+    weight = getattr(node.args[1] if len(node.args) > 1 else None, "value", None)
+    if not isinstance(weight, torch.Tensor) or weight.is_meta or weight.dim() != 1:
+        return None
+    return CHANNEL, bool((weight > 0).all()) if name == "mul" else True
+
+
 def _batch_norm(args) -> list[str]:
     """In eval mode a batch norm is a scale and a shift per channel (from its running
     statistics): that is what it computes, and what a hand-written one reads as. Over a
