@@ -43,6 +43,7 @@ SPLIT = {"addmm": ("mm", "add"), "addmv": ("mv", "add"), "baddbmm": ("bmm", "add
          "addcmul": ("mul", "add"), "addcdiv": ("mul", "add"), "lerp": ("add", "mul", "add")}
 SAME_AS = {"sub": "add", "rsub": "add", "div": "mul", "true_divide": "mul", "neg": "mul", "reciprocal": "mul",
            "square": "mul", "clamp_min": "clamp", "clamp_max": "clamp", "amax": "max", "amin": "min",
+           "conv_tbc": "convolution1d",  # a 1-D convolution of (time, batch, channels) values
            # attention is one op whichever kernel a device picks for it
            **dict.fromkeys(("scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_flash_attention",
                             "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention",
@@ -579,10 +580,11 @@ def convolution_names(image, weight, out, stride, padding, dilation, groups: int
     values = values and not any(t.is_meta for t in tensors)
     kinds = [_along(image, weight, out, d, strides[d], dilations[d], lefts[d], transposed, values)
              for d in range(spatial)]
-    depthwise = _depthwise(weight, groups, transposed, image.shape[1], values)
+    depthwise = _depthwise(image, weight, groups, transposed, values)
     windows = sum(kind in (SLIDES, SLIDES_TRANSPOSED) for kind in kinds)
-    if not windows:
-        return ["mul" if depthwise and CONTRACTS not in kinds else "mm"] + (["add"] if bias else [])
+    if not windows:  # a depthwise one that sums a dimension whole is a weighted sum per channel, no product of channels
+        reduced = ["mul", "sum"] if CONTRACTS in kinds else ["mul"]
+        return (reduced if depthwise else ["mm"]) + (["add"] if bias else [])
     return [f"convolution{'_depthwise' if depthwise else ''}{'_transpose' if SLIDES_TRANSPOSED in kinds else ''}"
             f"{windows}d"]
 
@@ -625,20 +627,44 @@ def _along(image, weight, out, d: int, stride: int, dilation: int, left: int, tr
         return POINTWISE
     if int((reads > 0).sum()) < 2:
         return CONTRACTS
-    stuffed = not transposed and stride == 1 and len(positions) > 1 and int((positions[1:] - positions[:-1]).min()) > 1
-    return SLIDES_TRANSPOSED if (transposed and stride > 1) or stuffed else SLIDES
+    return SLIDES_TRANSPOSED if _painted_between(positions, stride, dilation, transposed) else SLIDES
+
+
+def _painted_between(positions: torch.Tensor, stride: int, dilation: int, transposed: bool) -> bool:
+    """Whether sliding windows are a transposed convolution's: an image position's taps land
+    between the next one's, at a stride over 1 of the image's nonzero positions. Those are
+    spaced `spacing` apart in a zero-stuffed image (a transposed convolution written out), so
+    a plain convolution is a transposed one of the unstuffed image where neither its stride nor
+    its dilation steps over the zeros, and a transposed one paints at stride x spacing; a
+    dilation the painting stride divides paints one lattice, a plain convolution on it."""
+    gaps = positions[1:] - positions[:-1]
+    spacing = int(gaps.min()) if len(gaps) else 1
+    if spacing < 2 or bool((gaps % spacing).any()):
+        spacing = 1
+    if not transposed:
+        return spacing > 1 and stride % spacing != 0 and dilation % spacing != 0
+    return stride * spacing > 1 and dilation % (stride * spacing) != 0
+
+
+NEGLIGIBLE = 1e-6  # of a tensor's largest magnitude: a value no float32 sum with it can tell from zero
 
 
 def _nonzero_along(value: torch.Tensor, dim: int) -> torch.Tensor:
-    """The positions along `dim` (2 or more) where `value` is not zero somewhere (on the CPU)."""
+    """The positions along `dim` (2 or more) where `value` is not zero somewhere (on the CPU):
+    not negligible beside its largest magnitude (a red team stuffed an image with 1e-30)."""
+    floor = _negligible(value)
     for part in (value[:1], value):  # most images are nonzero everywhere in their first sample already
         others = tuple(d for d in range(value.dim()) if d != dim)
-        found = part.ne(0).any(others[-1])
+        found = (part.abs() > floor).any(others[-1])
         for d in reversed(others[:-1]):
             found = found.any(d)
         if bool(found.all()):
             break
     return found.nonzero().flatten().cpu()
+
+
+def _negligible(value: torch.Tensor) -> float:
+    return float(value.detach().abs().amax()) * NEGLIGIBLE if value.numel() and value.is_floating_point() else 0.0
 
 
 def _repeated_along(image: torch.Tensor, dim: int) -> bool:
@@ -648,19 +674,37 @@ def _repeated_along(image: torch.Tensor, dim: int) -> bool:
         bool((image == image.narrow(dim, 0, 1)).all())
 
 
-def _depthwise(weight: torch.Tensor, groups, transposed: bool, channels: int, values: bool) -> bool:
+def _depthwise(image: torch.Tensor, weight: torch.Tensor, groups, transposed: bool, values: bool) -> bool:
     """Whether each output channel reads one input channel alone: groups as many as the
     image's channels, or (with `values`) a kernel zero across all other channels (a dense
-    convolution by a block-diagonal weight computes the depthwise one)."""
-    groups = groups if isinstance(groups, int) and groups > 0 else 1
+    convolution by a block-diagonal weight computes the depthwise one), the image's channels
+    that are zero or copies of another taken as one (`_distinct_channels`: a red team
+    convolved `cat([x, x])` by weights that cancel off the diagonal)."""
+    groups, channels = groups if isinstance(groups, int) and groups > 0 else 1, image.shape[1]
+    if not values:
+        return channels > 1 and channels // groups == 1
+    if not transposed and groups == 1:
+        weight, channels = _distinct_channels(image, weight)
     if channels < 2:
         return False
-    if not values:
-        return channels // groups == 1
-    reads = weight.ne(0).flatten(2).any(2)  # (out, in per group), or (in, out per group) transposed
+    reads = (weight.abs() > _negligible(weight)).flatten(2).any(2)  # (out, in per group), or (in, out per group) transposed
     if transposed:
         reads = reads.reshape(groups, channels // groups, -1).transpose(1, 2).reshape(-1, channels // groups)
     return bool((reads.sum(1) <= 1).all())
+
+
+def _distinct_channels(image: torch.Tensor, weight: torch.Tensor) -> tuple:
+    """(the weight over the image's distinct channels, their count): a copy's taps added to its
+    original's, a channel zero everywhere left out."""
+    first = image[0].reshape(image.shape[1], -1)[:, :16]  # most images' channels differ there already
+    if len(torch.unique(first, dim=0)) == image.shape[1] and bool((first != 0).any(1).all()):
+        return weight, image.shape[1]
+    flat = image.detach().transpose(0, 1).reshape(image.shape[1], -1)
+    kept = (flat.abs() > _negligible(flat)).any(1)
+    distinct, which = torch.unique(flat[kept], dim=0, return_inverse=True)
+    merged = torch.zeros(weight.shape[0], len(distinct), *weight.shape[2:], dtype=weight.dtype, device=weight.device)
+    merged.index_add_(1, which.to(weight.device), weight[:, kept.to(weight.device)])
+    return merged, len(distinct)
 
 
 def is_convolution(name: str) -> bool:

@@ -397,7 +397,7 @@ def test_a_convolution_whose_windows_slide_along_no_dimension_is_a_matrix_produc
 
 
 torch.manual_seed(0)
-SQUARE_CONV, STRIDED_1D = nn.Conv2d(8, 16, 3), nn.Conv1d(8, 16, 3, stride=2)
+SQUARE_CONV, STRIDED_1D, TIME_CONV = nn.Conv2d(8, 16, 3), nn.Conv1d(8, 16, 3, stride=2), nn.Conv1d(8, 16, 3)
 UPSAMPLE = nn.ConvTranspose2d(8, 16, 4, stride=2, padding=1)
 DEPTH_UPSAMPLE = nn.ConvTranspose3d(8, 16, (1, 4, 4), stride=2, padding=(0, 1, 1))
 with torch.no_grad():
@@ -409,6 +409,12 @@ def _zero_stuffed(x):
     stuffed = torch.zeros(*x.shape[:2], 2 * x.shape[2] - 1, 2 * x.shape[3] - 1)
     stuffed[:, :, ::2, ::2] = x
     return F.conv2d(F.pad(stuffed, (2,) * 4), UPSAMPLE.weight.flip(2, 3).transpose(0, 1), UPSAMPLE.bias)
+
+
+def _stuffed(x, filler=0.0):
+    image = torch.full((*x.shape[:2], 2 * x.shape[2] - 1, 2 * x.shape[3] - 1), filler)
+    image[:, :, ::2, ::2] = x
+    return image
 
 
 def _polyphase(x):
@@ -435,6 +441,16 @@ def _polyphase(x):
     ("convolution2d", SQUARE_CONV, (4, 8, 6, 5),
      lambda x: F.conv_transpose2d(F.pad(x, (1,) * 4, mode="replicate"), SQUARE_CONV.weight.flip(2, 3).transpose(0, 1),
                                   SQUARE_CONV.bias, padding=3)),
+    # session 31's second red team: a stuffing of 1e-30, and a stride-1 transposed convolution of the stuffed image
+    ("convolution_transpose2d", UPSAMPLE, (4, 8, 6, 5),
+     lambda x: F.conv2d(F.pad(_stuffed(x, 1e-30), (2,) * 4), UPSAMPLE.weight.flip(2, 3).transpose(0, 1), UPSAMPLE.bias)),
+    ("convolution_transpose2d", UPSAMPLE, (4, 8, 6, 5),
+     lambda x: F.conv_transpose2d(_stuffed(x), UPSAMPLE.weight, UPSAMPLE.bias, padding=1)),
+    # a dilation that steps over the stuffing reads the unstuffed image: a plain convolution
+    ("convolution2d", SQUARE_CONV, (4, 8, 6, 5),
+     lambda x: F.conv2d(_stuffed(x), SQUARE_CONV.weight, SQUARE_CONV.bias, dilation=2)[:, :, ::2, ::2]),
+    ("convolution1d", TIME_CONV, (4, 8, 12), lambda x: F.conv_tbc(
+        x.permute(2, 0, 1).contiguous(), TIME_CONV.weight.permute(2, 1, 0).contiguous(), TIME_CONV.bias).permute(1, 2, 0)),
     # a Linear as a padded 1x1 convolution's centre, and as a strided transposed one of a 1x1 image
     ("mm add", LINEAR, (4, 5), lambda x: F.conv2d(x[:, :, None, None], LINEAR.weight[..., None, None], LINEAR.bias,
                                                   padding=1)[:, :, 1, 1]),
@@ -442,8 +458,8 @@ def _polyphase(x):
                                                             LINEAR.bias, stride=2).flatten(1)),
 ])
 def test_a_convolution_written_over_another_layout_reads_as_itself(name, layer, shape, written):
-    """Session 31's red team: each computed its original exactly and read apart from it
-    (0.4 to 0.667) at GRAPH_VERSION 35."""
+    """Session 31's red teams: each computed its original exactly and read apart from it
+    (0.4 to 0.833) at GRAPH_VERSION 35 or 36."""
     x = torch.randn(*shape)
     assert torch.allclose(layer(x), written(x), atol=1e-5)
     assert ops(layer, shape=shape) == ops(written, layer, shape=shape) == name.split()
@@ -460,6 +476,15 @@ def test_a_depthwise_convolution_reads_apart_from_a_dense_one_however_its_weight
     assert ops(depthwise) == ops(lambda x: F.conv2d(x, diagonal, depthwise.bias, padding=1), depthwise) == \
         ["convolution_depthwise2d"]
     assert ops(dense) == ["convolution2d"]
+    # over the image twice, by weights that cancel off the diagonal (a red team's second round)
+    noise = torch.randn(16, 8, 3, 3) * (diagonal == 0)
+    twice = torch.cat([diagonal + noise, -noise], 1)
+    doubled = lambda x: F.conv2d(x[:, None].expand(-1, 2, -1, -1, -1).reshape(4, 16, 6, 5), twice,  # noqa: E731
+                                 depthwise.bias, padding=1)
+    assert torch.allclose(doubled(X_IMAGE), depthwise(X_IMAGE), atol=1e-5)
+    assert ops(doubled, depthwise) == ["convolution_depthwise2d"]
+    # one whose kernel spans the image whole is a weighted sum per channel, no Linear
+    assert ops(nn.Conv2d(8, 8, (6, 5), groups=8)) == ["mul", "sum", "add"]
 
 
 BOX = torch.full((8, 1, 2, 2), 0.25)
