@@ -216,27 +216,45 @@ def _transposed_pads(conv) -> tuple:
     a stride-1 transposed convolution padded past it); (its image, None, []) where not."""
     image = conv.args[0]
     node, widths, taken, zeros = _explicit_pads(image)
-    if widths is None or not (zeros or not _painted_inside(conv, widths)):
+    if widths is None or not (zeros or not _pads_reach_output(conv, widths)):
         return image, None, []
     return node, widths, taken
 
 
-def _painted_inside(conv, widths: tuple) -> bool:
-    """Whether a transposed convolution paints any position its image's pads of `widths`
-    added onto its output, through its kernel's taps that are not zero."""
-    image, weight, out = (getattr(n, "value", None) for n in (conv.args[0], conv.args[1], conv))
-    if not all(isinstance(t, torch.Tensor) for t in (image, weight, out)) or not image.dim() == weight.dim() == out.dim():
+def _pads_reach_output(conv, widths: tuple) -> bool:
+    """Whether any output of a recorded convolution reads (a plain one) or is painted from (a
+    transposed one) a position its image's pads of `widths` added, through its kernel's taps
+    that are not zero."""
+    settings = _tap_settings(conv)
+    if settings is None:
         return True
-    spatial = image.dim() - 2
-    strides, pads, dilations = (_spread(_ints(v), spatial) for v in (conv.args[3], conv.args[4], conv.args[5]))
+    image, out, taps, strides, pads, dilations = settings
     for d, (before, after) in enumerate(widths):
-        size = image.shape[2 + d]
-        taps = torch.arange(weight.shape[2 + d], device="cpu") if weight.is_meta else _nonzero_along(weight, 2 + d)
-        added = torch.cat([torch.arange(before, device="cpu"), torch.arange(size - after, size, device="cpu")])
-        landing = added[:, None] * strides[d] + taps[None, :] * dilations[d] - pads[d]
-        if bool(((landing >= 0) & (landing < out.shape[2 + d])).any()):
+        size, count = image.shape[2 + d], out.shape[2 + d]
+        if conv.args[6]:
+            added = torch.cat([torch.arange(before, device="cpu"), torch.arange(size - after, size, device="cpu")])
+            landing = added[:, None] * strides[d] + taps[d][None, :] * dilations[d] - pads[d]
+            reached = (landing >= 0) & (landing < count)
+        else:
+            read = torch.arange(count, device="cpu")[:, None] * strides[d] + taps[d][None, :] * dilations[d] - pads[d]
+            read = read[(read >= 0) & (read < size)]
+            reached = (read < before) | (read >= size - after)
+        if bool(reached.any()):
             return True
     return False
+
+
+def _tap_settings(conv) -> tuple | None:
+    """(image, output, each spatial dimension's nonzero taps, strides, paddings, dilations) of
+    a recorded convolution, for tracing where its taps land; None where its tensors are not all
+    there."""
+    image, weight, out = (getattr(n, "value", None) for n in (conv.args[0], conv.args[1], conv))
+    if not all(isinstance(t, torch.Tensor) for t in (image, weight, out)) or not image.dim() == weight.dim() == out.dim():
+        return None
+    spatial = image.dim() - 2
+    taps = [torch.arange(weight.shape[2 + d], device="cpu") if weight.is_meta else _nonzero_along(weight, 2 + d)
+            for d in range(spatial)]
+    return (image, out, taps, *(_spread(_ints(v), spatial) for v in (conv.args[3], conv.args[4], conv.args[5])))
 
 
 def _transposed_padding(conv) -> tuple:
@@ -269,7 +287,7 @@ def explicit_padding(conv) -> tuple:
     """(the image under a recorded convolution's explicit pads, its padding with theirs added:
     (before, after) pairs where they differ, the pad and copy nodes taken in). Pads of zeros
     (F.pad's default), one on another and through copies, are padding; pads of another value
-    or mode are too where no output reads them (`_read_inside`: a kernel's zero border, a
+    or mode are too where no output reads them (`_pads_reach_output`: a kernel's zero border, a
     stride that skips them). None may be negative (a crop), or on the batch or the channels:
     else the image is the pad, spelled (a red team cropped with F.pad(x, (-2,) * 4) and
     padded back)."""
@@ -277,7 +295,7 @@ def explicit_padding(conv) -> tuple:
     if isinstance(padding, str):  # 'same' or 'valid'
         return image, padding, []
     node, widths, taken, zeros = _explicit_pads(image)
-    if widths is None or (not zeros and not _read_inside(conv, widths)):
+    if widths is None or (not zeros and _pads_reach_output(conv, widths)):
         return image, padding, []
     pads = _spread(_ints(padding), len(widths))
     if all(a == b for a, b in widths):
@@ -302,24 +320,6 @@ def _explicit_pads(image) -> tuple:
             any(a < 0 or b < 0 for a, b in widths):
         return image, None, [], zeros
     return node, widths[2:], taken, zeros
-
-
-def _read_inside(conv, widths: tuple) -> bool:
-    """Whether no output of a plain convolution reads the positions its image's pads of
-    `widths` added, through its kernel's taps that are not zero."""
-    image, weight, out = (getattr(n, "value", None) for n in (conv.args[0], conv.args[1], conv))
-    if not all(isinstance(t, torch.Tensor) for t in (image, weight, out)) or not image.dim() == weight.dim() == out.dim():
-        return False
-    spatial = image.dim() - 2
-    strides, pads, dilations = (_spread(_ints(v), spatial) for v in (conv.args[3], conv.args[4], conv.args[5]))
-    for d, (before, after) in enumerate(widths):
-        size = image.shape[2 + d]
-        taps = torch.arange(weight.shape[2 + d], device="cpu") if weight.is_meta else _nonzero_along(weight, 2 + d)
-        read = torch.arange(out.shape[2 + d], device="cpu")[:, None] * strides[d] + taps[None, :] * dilations[d] - pads[d]
-        read = read[(read >= 0) & (read < size)]
-        if bool(((read < before) | (read >= size - after)).any()):
-            return False
-    return True
 
 
 def _through_copies(node) -> tuple:
