@@ -176,7 +176,7 @@ class _Equivalences(_Unspelled, _Recognisers):
             return None
         if node not in self.named and _name(node) in ELEMENT_BOUNDS:
             return bound_reach(node)
-        if node not in self.named and _name(node) in NORMS:
+        if node not in self.named and _name(node) in NORMS and norm_affine_reach(node, name):
             return norm_affine_reach(node, name)
         if node in affine and len(reads[node]) == 1:
             return affine_reach(reads[node][0].value, node.value)

@@ -313,6 +313,8 @@ X_IMAGE = torch.randn(4, 8, 6, 5)
     # H100, new_at_once's copy of L2 85 read `group_norm max_pool2d mul add`, 0.833)
     (lambda x: F.max_pool2d(F.group_norm(x, 2, BIAS.flatten().abs() + 0.5, BIAS.flatten()), 2),
      lambda x: F.max_pool2d(F.group_norm(x, 2) * (BIAS.abs() + 0.5) + BIAS, 2)),
+    # and an eval batch norm, a scale and a shift per channel, still moves as one
+    (lambda x: F.avg_pool2d(BN(x), 2), lambda x: F.avg_pool2d(x, 2) * SCALE.view(1, -1, 1, 1) + SHIFT.view(1, -1, 1, 1)),
 ])
 def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(original, written):
     assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
