@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from filters.computation.names import (LAYOUT_ONLY, BOUNDING, read_smaller, _merged_branches, _name, canonical,
+from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _merged_branches, _name, canonical,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
                                       ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
@@ -35,11 +35,11 @@ class _Unspelled:
                   and (op.variable or op in self.made_constant) and canonical(op)]
         structural = self._identities() | self._renamed_composites(hidden, spelled) if hidden else set()
         left_out = set(hidden) - structural
-        # a kernel's zero border and an image's repeats are facts about values, and these sizes'
-        # may not be the task's (a red team's 3x3 kernel, zero but for its centre at the small
-        # problem alone, read as a Linear there): the convolution is spelled as a smaller one
-        return [op for op in self.ops if op in left_out or (op in spelled and op.variable and read_smaller(op)
-                                                            and self.names(op) == canonical(op))]
+        # a kernel's zero taps and an image's zero or repeated slices are facts about values, and
+        # these sizes' may not be the task's (a red team's 3x3 kernel, zero but for its centre at
+        # the small problem alone, read as a Linear there): the convolution is spelled otherwise
+        return [op for op in self.ops if op in left_out or (op in spelled and op.variable and named_by_values(op)
+                                                              and self.names(op) == canonical(op))]
 
     def _renamed_composites(self, hidden: list, spelled: set) -> set:
         """Ops left out because the sequence spells them under a reshape: F.instance_norm is a

@@ -28,6 +28,7 @@ LAYOUT_ONLY = frozenset({
     "broadcast_in_dim", "full", "zeros", "ones", "empty_strided", "convert_element_type", "squeeze_copy",
     "unsqueeze_copy", "view_copy", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "new_zeros",
     "new_ones", "new_empty", "new_full", "real", "tensor_split", "written_through_view",
+    "repeat", "tile",  # copies of the value side by side, as `expand` then `contiguous` makes
 })
 # Bounds a task writes (a clamp, a minimum with a constant): kept where they do not bind on the
 # trace's values, which say nothing of a kernel's inputs (KernelBench's Matmul_Min_Subtract
@@ -216,7 +217,7 @@ def _transposed_pads(conv) -> tuple:
     a stride-1 transposed convolution padded past it); (its image, None, []) where not."""
     image = conv.args[0]
     node, widths, taken, zeros = _explicit_pads(image)
-    if widths is None or not (zeros or not _pads_reach_output(conv, widths)):
+    if widths is None or (not zeros and _pads_reach_output(conv, widths)):
         return image, None, []
     return node, widths, taken
 
@@ -268,7 +269,7 @@ def _transposed_padding(conv) -> tuple:
                                                           _spread(_ints(stride), len(widths))))
 
 
-def read_smaller(node) -> bool:
+def named_by_values(node) -> bool:
     """Whether a recorded convolution's name depends on its values (a kernel's zero taps, an
     image's zero or repeated slices: `convolution_names`), which these sizes' may not share
     with the task's."""

@@ -485,6 +485,9 @@ def test_a_depthwise_convolution_reads_apart_from_a_dense_one_however_its_weight
                                  depthwise.bias, padding=1)
     assert torch.allclose(doubled(X_IMAGE), depthwise(X_IMAGE), atol=1e-5)
     assert ops(doubled, depthwise) == ["convolution_depthwise2d"]
+    repeated = lambda x: F.conv2d(x.repeat(1, 2, 1, 1), twice, depthwise.bias, padding=1)  # noqa: E731
+    assert torch.allclose(repeated(X_IMAGE), depthwise(X_IMAGE), atol=1e-5)
+    assert ops(repeated, depthwise) == ["convolution_depthwise2d"]  # `repeat` is a copy side by side, as `expand`
     # one whose kernel spans the image whole is a weighted sum per channel, no Linear
     assert ops(nn.Conv2d(8, 8, (6, 5), groups=8)) == ["mul", "sum", "add"]
 
