@@ -578,7 +578,7 @@ def convolution_names(image, weight, out, stride, padding, dilation, groups: int
     lefts = _left_pads(padding, tuple(weight.shape[2:]), dilations)
     if len(strides) != spatial or len(dilations) != spatial or lefts is None:
         return ["convolution"]
-    values = values and not any(t.is_meta for t in tensors)
+    values = values and not any(t.is_meta or not t.numel() for t in tensors)  # an empty batch: its shapes
     kinds = [_along(image, weight, out, d, strides[d], dilations[d], lefts[d], transposed, values)
              for d in range(spatial)]
     depthwise = _depthwise(image, weight, groups, transposed, values)

@@ -367,6 +367,7 @@ def test_a_convolution_is_named_by_the_dimensions_its_windows_span():
         == ops(square, square) == ["convolution2d"]
     assert ops(deep, deep, shape=(2, 8, 4, 6, 5)) == ["convolution3d"]
     assert ops(nn.ConvTranspose2d(8, 4, 3, stride=2)) == ["convolution_transpose2d"]
+    assert ops(square, square, shape=(0, 8, 6, 5)) == ["convolution2d"]  # an empty batch: read by its shapes
 
 
 def test_a_convolution_of_an_image_repeated_along_a_dimension_is_one_of_a_kernel_one_wide_there():
