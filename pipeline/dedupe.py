@@ -4,8 +4,8 @@ Every task is traced in the sandbox, a batch of tasks per child (filters/sandbox
 a child per task cost more than the trace itself. Only tasks the static policy lets through
 share a child: one that holds the interpreter can replace the batch's own guard (a red team
 set `trace_batch.changed` to a function that finds no change, then steered every later silu)
-and is traced alone. A batch that a task changed, or that failed, is finished one task per
-child."""
+and is traced alone. A task too slow to share a batch's time is given up there and traced
+alone; a batch that a task changed, or that failed, is finished one task per child."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from filters.grammar import static_check
+from filters.sandbox.trace_batch import GIVE_UP_S
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
 from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, in_full,
                                           load_reference, read_tasks, readings, with_graphs, with_shipped)
@@ -78,13 +79,16 @@ def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int =
     return [entry["op_graph"] for entry in readings_in_batches(codes, pool, cache_dir, batch)]
 
 
-def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH) -> list[dict]:
+def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH,
+                        give_up_s: float = GIVE_UP_S) -> list[dict]:
     """What `readings` returns, from the same cache. The tasks not in the cache that pass the
-    static check are traced `batch` to a child (the others, alone). What a batch leaves when
-    it runs out of time is batched again; what it leaves after a task changed its process, or
-    all of it when it failed, is traced one task per child. (Halving a failed batch until its
-    culprit is alone measured half as fast on 2 cores: the culprit fails each half again,
-    BENCHMARKS.md, the reference trace.) Each round logs how far the trace is."""
+    static check are traced `batch` to a child (the others, alone). A task still tracing
+    `give_up_s` into its batch is given up there and traced alone, with the child's whole
+    time; the rest of its batch, like what a batch leaves when it runs out of time, is batched
+    again. What a batch leaves after a task changed its process, or all of it when it failed,
+    is traced one task per child. (Halving a failed batch until its culprit is alone measured
+    half as fast on 2 cores: the culprit fails each half again, BENCHMARKS.md, the reference
+    trace.) Each round logs how far the trace is."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
     missing = [code for code, entry in found.items() if entry is None]
@@ -95,24 +99,36 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
                  len(found) - total)
     while queue:
         parts, queue = queue, []
-        for part, result in zip(parts, pool.run_many([{"code": "", "config": {"trace_batch": part}} for part in parts])):
+        jobs = [{"code": "", "config": {"trace_batch": part, "give_up_s": give_up_s}} for part in parts]
+        for part, result in zip(parts, pool.run_many(jobs)):
             done = result["metrics"].get("traced", 0) if result["passed"] else 0
             for i, code in enumerate(part[:done]):
                 found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}"),
                                "partial": bool(result["metrics"].get(f"partial_{i}"))}
                 store.put(graph_key(code), found[code])
             rest = part[done:]
+            slow = result["metrics"].get("slow") if result["passed"] else None
+            if isinstance(slow, int) and not isinstance(slow, bool) and done <= slow < len(part):
+                alone.append(part[slow])  # given up in the batch: alone, it has the child's whole time
+                queue += _chunks(part[done:slow] + part[slow + 1:], batch)
+                continue
             if result["passed"] and not result["metrics"].get("steered") and done:
                 queue += _chunks(rest, batch)  # out of time or room: the rest in batches again
+                continue
+            alone += rest
+            if not result["passed"]:
+                log.info("a batch of %d failed after %d traced (%s: %s)", len(part), done, result["reason"],
+                         result["detail"][:200])
             else:
-                alone += rest
+                log.info("a batch of %d was changed after %d traced (%s)", len(part), done,
+                         result["metrics"].get("moved") or "no change named")
         traced = sum(found[code] is not None for code in missing)
         if queue:
             log.info("traced %d of %d tasks in %.0f s; %d left", traced, total, time.monotonic() - began,
                      total - traced - len(alone))
     if alone:
-        log.info("%d tasks traced one per child (a batch failed, or one of its tasks changed its process, or the "
-                 "grammar refuses them)", len(alone))
+        log.info("%d tasks traced one per child (too slow to share a batch, left by a batch that failed or that a "
+                 "task changed, or refused sharing by the grammar)", len(alone))
     for code, entry in zip(alone, readings(alone, pool, cache_dir)):
         found[code] = entry
     if total:

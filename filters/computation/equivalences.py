@@ -176,8 +176,8 @@ class _Equivalences(_Unspelled, _Recognisers):
             return None
         if node not in self.named and _name(node) in ELEMENT_BOUNDS:
             return bound_reach(node)
-        if node not in self.named and _name(node) in NORMS and norm_affine_reach(node, name):
-            return norm_affine_reach(node, name)
+        if node not in self.named and _name(node) in NORMS and (reach := norm_affine_reach(node, name)):
+            return reach
         if node in affine and len(reads[node]) == 1:
             return affine_reach(reads[node][0].value, node.value)
         return None

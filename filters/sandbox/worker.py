@@ -475,9 +475,10 @@ def _checks_device(cfg: dict, options: dict, alone: bool):
 
 def _trace_batch_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def traced() -> dict:
-        from filters.sandbox.trace_batch import trace_batch
+        from filters.sandbox.trace_batch import GIVE_UP_S, trace_batch
         sys.addaudithook(_refuse_escapes(workdir))
-        return accepted(trace_batch(job["config"]["trace_batch"]))
+        give_up_s = min(float(job["config"].get("give_up_s", GIVE_UP_S)), GIVE_UP_S)  # room left for the end checks
+        return accepted(trace_batch(job["config"]["trace_batch"], give_up_s))
     _run_in_child(traced, options, workdir, write_fd)
 
 

@@ -1,11 +1,12 @@
 """`opsynth dedupe` traces a batch of tasks per sandboxed child (filters/sandbox/trace_batch.py):
 the same op sequences as one task per child, and no task steers the trace of a later task
 of its batch."""
+import logging
 import re
 from pathlib import Path
 
 from filters.similarity.reference import trace_all
-from pipeline.dedupe import trace_in_batches
+from pipeline.dedupe import readings_in_batches, trace_in_batches
 from tests.conftest import make_task
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference"
@@ -28,6 +29,20 @@ def test_batches_give_what_one_task_per_child_gives(pool, tmp_path):
     assert all(batched) and "relu" in batched[0].split() and "tanh" in batched[1].split()
     # and from the cache, now: same answer, no job
     assert trace_in_batches(codes, pool, tmp_path / "batched", batch=32) == batched
+
+
+def test_a_task_too_slow_to_share_a_batch_is_traced_alone_and_costs_the_others_nothing(pool, tmp_path, caplog):
+    """A task still tracing when its batch gives it up (KernelBench L3 networks on 2 cores)
+    is traced in a child of its own, with the child's whole time; the tasks after it are
+    batched again, not traced one per child as when its batch ran out of time and failed."""
+    slow = make_task("return torch.relu(x) * 5.0", init="spent = sum(range(60_000_000))")
+    codes = distinct_tasks(6)
+    codes.insert(2, slow)
+    with caplog.at_level(logging.INFO, logger="pipeline.dedupe"):
+        batched = [entry["op_graph"] for entry in readings_in_batches(codes, pool, tmp_path / "batched", give_up_s=1.0)]
+    assert batched == trace_all(codes, pool, tmp_path / "alone")
+    assert batched[2] == "relu mul"
+    assert "1 tasks traced one per child" in caplog.text and "a batch of" not in caplog.text  # none failed
 
 
 def test_a_task_that_rebinds_torch_steers_no_later_task_of_its_batch(pool, tmp_path):
