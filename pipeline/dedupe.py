@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from filters.grammar import static_check
 from filters.sandbox.trace_batch import GIVE_UP_S
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
 from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, in_full,
-                                          load_reference, read_tasks, readings, with_graphs, with_shipped)
+                                          load_reference, read_tasks, reading_of, with_graphs, with_shipped)
 from filters.similarity.score import with_graph
 from filters.store import JsonStore
 
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
                            ("duplicate_of", pa.string()), ("kept", pa.bool_())])
 TRACE_BATCH = 32  # tasks a child traces: a few seconds of work, well inside the trace's time limit
+PROGRESS_S = 10.0  # how often a long trace logs how far it is
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
@@ -88,52 +90,71 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
     again. What a batch leaves after a task changed its process, or all of it when it failed,
     is traced one task per child. (Halving a failed batch until its culprit is alone measured
     half as fast on 2 cores: the culprit fails each half again, BENCHMARKS.md, the reference
-    trace.) Each round logs how far the trace is."""
+    trace.) Each job that ends sends what it leaves to the pool at once, so no worker waits
+    for a round's slowest batch; how far the trace is gets logged every PROGRESS_S."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
     missing = [code for code, entry in found.items() if entry is None]
-    pending, alone = shareable(missing)
-    queue, total, began = _chunks(pending, batch), len(missing), time.monotonic()
-    if total:
-        log.info("tracing %d tasks, %d a child on %d workers (%d cached)", total, batch, len(pool.workers),
-                 len(found) - total)
-    while queue:
-        parts, queue = queue, []
-        jobs = [{"code": "", "config": {"trace_batch": part, "give_up_s": give_up_s}} for part in parts]
-        for part, result in zip(parts, pool.run_many(jobs)):
+    if not missing:
+        return [found[code] for code in codes]
+    pending, refused = shareable(missing)
+    log.info("tracing %d tasks, %d a child on %d workers (%d cached)", len(missing), batch, len(pool.workers),
+             len(found) - len(missing))
+
+    def batched(part: list[str]) -> Future:
+        job = {"code": "", "config": {"trace_batch": part, "give_up_s": give_up_s}}
+        return pool.submit(job, then=lambda result: (True, part, result))
+
+    def alone(code: str) -> Future:
+        return pool.submit({"code": code, "config": {"trace_only": True, "untrusted": False}},
+                           then=lambda result: (False, [code], result))
+
+    running = {*map(batched, _chunks(pending, batch)), *map(alone, refused)}
+    began = logged = time.monotonic()
+    one_per_child = len(refused)
+    while running:
+        ended, running = wait(running, return_when=FIRST_COMPLETED)
+        for future in ended:
+            was_batch, part, result = future.result()
+            if not was_batch:
+                found[part[0]] = reading_of(result)
+                if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
+                    store.put(graph_key(part[0]), found[part[0]])
+                continue
             done = result["metrics"].get("traced", 0) if result["passed"] else 0
             for i, code in enumerate(part[:done]):
                 found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}"),
                                "partial": bool(result["metrics"].get(f"partial_{i}"))}
                 store.put(graph_key(code), found[code])
-            rest = part[done:]
-            slow = result["metrics"].get("slow") if result["passed"] else None
-            if isinstance(slow, int) and not isinstance(slow, bool) and done <= slow < len(part):
-                alone.append(part[slow])  # given up in the batch: alone, it has the child's whole time
-                queue += _chunks(part[done:slow] + part[slow + 1:], batch)
-                continue
-            if result["passed"] and not result["metrics"].get("steered") and done:
-                queue += _chunks(rest, batch)  # out of time or room: the rest in batches again
-                continue
-            alone += rest
-            if not result["passed"]:
-                log.info("a batch of %d failed after %d traced (%s: %s)", len(part), done, result["reason"],
-                         result["detail"][:200])
-            else:
-                log.info("a batch of %d was changed after %d traced (%s)", len(part), done,
-                         result["metrics"].get("moved") or "no change named")
-        traced = sum(found[code] is not None for code in missing)
-        if queue:
-            log.info("traced %d of %d tasks in %.0f s; %d left", traced, total, time.monotonic() - began,
-                     total - traced - len(alone))
-    if alone:
+            again, lone = _left_by(part, done, result)
+            running |= {*map(batched, _chunks(again, batch)), *map(alone, lone)}
+            one_per_child += len(lone)
+        if time.monotonic() - logged > PROGRESS_S and running:
+            logged = time.monotonic()
+            log.info("traced %d of %d tasks in %.0f s", sum(found[code] is not None for code in missing), len(missing),
+                     logged - began)
+    if one_per_child:
         log.info("%d tasks traced one per child (too slow to share a batch, left by a batch that failed or that a "
-                 "task changed, or refused sharing by the grammar)", len(alone))
-    for code, entry in zip(alone, readings(alone, pool, cache_dir)):
-        found[code] = entry
-    if total:
-        log.info("traced %d tasks in %.0f s", total, time.monotonic() - began)
+                 "task changed, or refused sharing by the grammar)", one_per_child)
+    log.info("traced %d tasks in %.0f s", len(missing), time.monotonic() - began)
     return [found[code] for code in codes]
+
+
+def _left_by(part: list[str], done: int, result: dict) -> tuple[list[str], list[str]]:
+    """(what to batch again, what to trace alone) of a batch that traced its first `done` tasks."""
+    slow = result["metrics"].get("slow") if result["passed"] else None
+    if isinstance(slow, int) and not isinstance(slow, bool) and done <= slow < len(part):
+        return part[done:slow] + part[slow + 1:], [part[slow]]  # given up: alone, it has the child's whole time
+    rest = part[done:]
+    if result["passed"] and not result["metrics"].get("steered") and done:
+        return rest, []  # out of time or room
+    if rest and not result["passed"]:
+        log.info("a batch of %d failed after %d traced (%s: %s)", len(part), done, result["reason"],
+                 result["detail"][:200])
+    elif rest:
+        log.info("a batch of %d was changed after %d traced (%s)", len(part), done,
+                 result["metrics"].get("moved") or "no change named")
+    return [], rest
 
 
 def _chunks(codes: list[str], size: int) -> list[list[str]]:

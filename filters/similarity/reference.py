@@ -145,11 +145,16 @@ def _cached(jobs: list[dict], keys: list[str], pool, cache_dir: str | Path) -> l
     missing = [i for i, entry in enumerate(found) if entry is None]
     results = pool.run_many([jobs[i] for i in missing]) if missing else []
     for i, result in zip(missing, results):
-        metrics = result["metrics"] if result["passed"] else {}
-        found[i] = {"op_graph": metrics.get("op_graph"), "partial": bool(metrics.get("partial"))}
+        found[i] = reading_of(result)
         if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
             store.put(keys[i], found[i])
     return found
+
+
+def reading_of(result: dict) -> dict:
+    """A trace job's result as the cache holds it: {"op_graph", "partial"}."""
+    metrics = result["metrics"] if result["passed"] else {}
+    return {"op_graph": metrics.get("op_graph"), "partial": bool(metrics.get("partial"))}
 
 
 def graph_key(code: str, as_candidate: bool = False, own_sizes: bool = False, device: str = "cpu") -> str:

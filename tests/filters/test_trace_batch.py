@@ -100,9 +100,9 @@ def test_a_task_that_steers_torch_for_later_tasks_is_seen(pool, attack):
 
 
 
-# A task whose model takes a second or more to build, on any machine: a network too large to
-# trace in its batch's time, as KernelBench L3's were on 2 cores.
-SLOW = VICTIM.replace("super().__init__()", "super().__init__()\n        spent = sum(range(60_000_000))")
+# A task whose model takes seconds to build (four times the give-up the tests set, or more):
+# a network too large to trace in its batch's time, as KernelBench L3's were on 2 cores.
+SLOW = VICTIM.replace("super().__init__()", "super().__init__()\n        spent = sum(range(150_000_000))")
 
 
 def test_a_task_too_slow_for_its_batch_is_given_up_and_the_tasks_before_it_keep_their_traces(pool):
@@ -110,7 +110,7 @@ def test_a_task_too_slow_for_its_batch_is_given_up_and_the_tasks_before_it_keep_
     was lost. Given up at the batch's time, it is named (`slow`), and the batch ends with its
     checks done and the traces before it kept."""
     [result] = pool.run_many([{"code": "", "config": {"trace_batch": [VICTIM, SLOW, VICTIM.replace("(2, 3", "(3, 3")],
-                                                      "give_up_s": 1.0}}])
+                                                      "give_up_s": 0.5}}])
     assert result["passed"], result
     metrics = result["metrics"]
     assert metrics["slow"] == 1 and metrics["traced"] == 1 and not metrics["steered"], metrics
