@@ -152,6 +152,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         unspelled = _merged_branches(nodes, lambda n: reads[n], self.names) | \
             padded_by_convolutions(nodes, lambda n: reads[n])
         names = {node: self.names(node) for node in nodes if node not in unspelled}
+        _factor_shared_products([node for node in nodes if node in names], reads, names, set(self._makers(outputs)))
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
@@ -343,6 +344,36 @@ def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> No
             [op for op in AFFINE if op in tail or op in mine]
         names[node] = []
         owner[node] = previous
+
+
+def _factor_shared_products(nodes: list, reads: dict, names: dict, outputs: set) -> None:
+    """A sum of two products that share a factor is the factor times the sum (`names` edited
+    in place): `x * y - y * y` reads `add mul`, as `(x - y) * y` does (an adversary distributed
+    KernelBench L2 28's product over its residual sum: `mul mul add` against `add mul`). Only
+    products of two varying values (or a square) that nothing else reads, and a factor that is
+    the same value in both; a product by a constant is arithmetic the affine reading folds."""
+    users = _users(nodes, reads)
+    for node in nodes:
+        if names[node] != ["add"] or len(reads[node]) != 2 or reads[node][0] is reads[node][1]:
+            continue
+        products = reads[node]
+        factors = [_factors(product, reads, names) for product in products]
+        if any(f is None or len(users.get(p, [])) != 1 or p in outputs for f, p in zip(factors, products)):
+            continue
+        if any(a is b for a in factors[0] for b in factors[1]):
+            names[products[0]] = names[products[1]] = []
+            names[node] = ["add", "mul"]
+
+
+def _factors(node, reads: dict, names: dict) -> tuple | None:
+    """The two varying values a product multiplies (a square's twice), or None."""
+    if names.get(node) != ["mul"]:
+        return None
+    if _name(node) == "mul" and len(reads[node]) == 2:
+        return tuple(reads[node])
+    if _name(node) in ("pow", "square") and len(reads[node]) == 1:  # named `mul`: a square
+        return (reads[node][0],) * 2
+    return None
 
 
 def _users(nodes: list, reads: dict) -> dict:

@@ -322,6 +322,24 @@ def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(or
     assert score > 0.9, (ops(original), ops(written))
 
 
+@pytest.mark.parametrize("original, written", [
+    # an adversary's rewrite of KernelBench L2 28, `(x + y) * y` as `x * y + y * y` (session 29)
+    (lambda x: (torch.tanh(x) + (s := torch.sigmoid(x))) * s, lambda x: torch.tanh(x) * (s := torch.sigmoid(x)) + s * s),
+    (lambda x: (torch.tanh(x) - (s := torch.sigmoid(x))) * s, lambda x: torch.tanh(x) * (s := torch.sigmoid(x)) - s ** 2),
+    (lambda x: (s := torch.sigmoid(x), (x.exp() + torch.tanh(x)) * s)[1],
+     lambda x: (s := torch.sigmoid(x), x.exp() * s + s * torch.tanh(x))[1]),
+])
+def test_a_product_distributed_over_a_sum_reads_as_the_sum_times_the_shared_factor(original, written):
+    assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
+    assert ops(original) == ops(written)
+
+
+def test_a_sum_of_products_that_share_no_factor_or_whose_product_is_read_again_stays():
+    assert ops(lambda x: x.exp() * torch.tanh(x) + torch.sigmoid(x) * torch.cos(x)) == \
+        ["exp", "tanh", "mul", "sigmoid", "cos", "mul", "add"]
+    assert ops(lambda x: (p := torch.tanh(x) * (s := torch.sigmoid(x))) + s * s + p.exp()).count("mul") == 2
+
+
 def test_two_shifts_on_two_branches_are_not_one():
     assert ops(lambda x: (x + 1) * (x + 2)) == ["add", "add", "mul"]
 
