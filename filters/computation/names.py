@@ -121,7 +121,8 @@ def _composite_runs() -> list[tuple[tuple[str, ...], str]]:
 
 def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=None) -> set:
     """The nodes to leave out: a cat or stack itself and every input branch but the first,
-    where each branch is the same op sequence on its own part of the same tensors."""
+    where each branch is the same op sequence on its own part of the same tensors, and a cat or
+    stack of one value with itself."""
     names_of = names_of or functools.partial(canonical, symbolic=True)
     merges = [node for node in nodes if _name(node) in MERGES and node.args
               and isinstance(node.args[0], (list, tuple)) and len(node.args[0]) >= 2]
@@ -134,6 +135,9 @@ def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=N
     merged: set = set()
     for node in merges:
         parts = node.args[0]
+        if all(part is parts[0] for part in parts):  # one value side by side, as `repeat` makes it: layout
+            merged.add(node)
+            continue
         branches = [ancestors.get(part, set()) for part in parts]
         own = [branch - set().union(*(other for j, other in enumerate(branches) if j != i))
                for i, branch in enumerate(branches)]

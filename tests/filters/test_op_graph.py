@@ -507,6 +507,9 @@ def test_a_depthwise_convolution_reads_apart_from_a_dense_one_however_its_weight
     repeated = lambda x: F.conv2d(x.repeat(1, 2, 1, 1), twice, depthwise.bias, padding=1)  # noqa: E731
     assert torch.allclose(repeated(X_IMAGE), depthwise(X_IMAGE), atol=1e-5)
     assert ops(repeated, depthwise) == ["convolution_depthwise2d"]  # `repeat` is a copy side by side, as `expand`
+    concatenated = lambda x: F.conv2d(torch.cat([x, x], 1), twice, depthwise.bias, padding=1)  # noqa: E731
+    assert torch.allclose(concatenated(X_IMAGE), depthwise(X_IMAGE), atol=1e-5)
+    assert ops(concatenated, depthwise) == ["convolution_depthwise2d"]  # and so is a cat of a value with itself (0.8)
     # one whose kernel spans the image whole is a weighted sum per channel, no Linear
     assert ops(nn.Conv2d(8, 8, (6, 5), groups=8)) == ["mul", "sum", "add"]
 
@@ -1163,6 +1166,13 @@ def test_the_same_ops_on_parts_of_one_tensor_are_those_ops_once(merge):
 
 def test_different_work_on_two_parts_stays_two_works():
     assert ops(lambda x: torch.cat([torch.tanh(x[:2]), torch.relu(x[2:])], dim=0)) == ["tanh", "relu", "cat"]
+
+
+def test_a_value_side_by_side_with_itself_is_layout_and_with_another_is_not():
+    tanh_of = lambda copies: ops(lambda x: torch.tanh(copies(torch.exp(x))))  # noqa: E731
+    assert tanh_of(lambda e: torch.cat([e, e], 1)) == tanh_of(lambda e: torch.stack([e, e, e], -1)) == \
+        tanh_of(lambda e: e.repeat(1, 2, 1, 1)) == ["exp", "tanh"]
+    assert tanh_of(lambda e: torch.cat([e, e * 2.0], 1)) == ["exp", "mul", "cat", "tanh"]
 
 
 class _RmsNormTanh(nn.Module):
