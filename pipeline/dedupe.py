@@ -4,8 +4,8 @@ Every task is traced in the sandbox, a batch of tasks per child (filters/sandbox
 a child per task cost more than the trace itself. Only tasks the static policy lets through
 share a child: one that holds the interpreter can replace the batch's own guard (a red team
 set `trace_batch.changed` to a function that finds no change, then steered every later silu)
-and is traced alone. A task too slow to share a batch's time is given up there and traced
-alone; a batch that a task changed, or that failed, is finished one task per child."""
+and is traced alone. A task has as long in a batch as alone; a batch that a task changed, or
+that failed, is finished one task per child."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from filters.grammar import static_check
-from filters.sandbox.trace_batch import GIVE_UP_S
+from filters.sandbox.worker import TRACE_LIMIT_S
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
 from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, in_full,
                                           load_reference, read_tasks, reading_of, with_graphs, with_shipped)
@@ -82,13 +82,13 @@ def trace_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int =
 
 
 def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: int = TRACE_BATCH,
-                        give_up_s: float = GIVE_UP_S) -> list[dict]:
+                        task_limit_s: float = TRACE_LIMIT_S) -> list[dict]:
     """What `readings` returns, from the same cache. The tasks not in the cache that pass the
     static check are traced `batch` to a child (the others, alone). A task still tracing
-    `give_up_s` into its batch is given up there and traced alone, with the child's whole
-    time; the rest of its batch, like what a batch leaves when it runs out of time, is batched
-    again. What a batch leaves after a task changed its process, or all of it when it failed,
-    is traced one task per child. (Halving a failed batch until its culprit is alone measured
+    after `task_limit_s` (a trace's limit alone) is stopped and untraced, as alone, and not
+    cached (a timeout may be the machine's); the rest of its batch, like what a batch leaves
+    when it runs out of time, is batched again. What a batch leaves after a task changed its
+    process, or all of it when it failed, is traced one task per child. (Halving a failed batch until its culprit is alone measured
     half as fast on 2 cores: the culprit fails each half again, BENCHMARKS.md, the reference
     trace.) Each job that ends sends what it leaves to the pool at once, so no worker waits
     for a round's slowest batch; how far the trace is gets logged every PROGRESS_S."""
@@ -102,7 +102,7 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
              len(found) - len(missing))
 
     def batched(part: list[str]) -> Future:
-        job = {"code": "", "config": {"trace_batch": part, "give_up_s": give_up_s}}
+        job = {"code": "", "config": {"trace_batch": part, "task_limit_s": task_limit_s}}
         return pool.submit(job, then=lambda result: (True, part, result))
 
     def alone(code: str) -> Future:
@@ -111,7 +111,7 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
 
     running = {*map(batched, _chunks(pending, batch)), *map(alone, refused)}
     began = logged = time.monotonic()
-    one_per_child = len(refused)
+    one_per_child, stopped = len(refused), 0
     while running:
         ended, running = wait(running, return_when=FIRST_COMPLETED)
         for future in ended:
@@ -126,7 +126,11 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
                 found[code] = {"op_graph": result["metrics"].get(f"op_graph_{i}"),
                                "partial": bool(result["metrics"].get(f"partial_{i}"))}
                 store.put(graph_key(code), found[code])
-            again, lone = _left_by(part, done, result)
+            timed_out = _timed_out(part, done, result)
+            if timed_out is not None:
+                found[part[timed_out]] = {"op_graph": None, "partial": False}  # untraced, as alone, and not cached
+                stopped += 1
+            again, lone = _left_by(part, done, result, timed_out)
             running |= {*map(batched, _chunks(again, batch)), *map(alone, lone)}
             one_per_child += len(lone)
         if time.monotonic() - logged > PROGRESS_S and running:
@@ -134,17 +138,24 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
             log.info("traced %d of %d tasks in %.0f s", sum(found[code] is not None for code in missing), len(missing),
                      logged - began)
     if one_per_child:
-        log.info("%d tasks traced one per child (too slow to share a batch, left by a batch that failed or that a "
-                 "task changed, or refused sharing by the grammar)", one_per_child)
+        log.info("%d tasks traced one per child (left by a batch that failed or that a task changed, or refused "
+                 "sharing by the grammar)", one_per_child)
+    if stopped:
+        log.info("%d tasks ran out of a trace's %.0f s in their batch: untraced", stopped, task_limit_s)
     log.info("traced %d tasks in %.0f s", len(missing), time.monotonic() - began)
     return [found[code] for code in codes]
 
 
-def _left_by(part: list[str], done: int, result: dict) -> tuple[list[str], list[str]]:
+def _timed_out(part: list[str], done: int, result: dict) -> int | None:
+    """The index in `part` of the task a batch stopped for running out of its time, or None."""
+    index = result["metrics"].get("timed_out") if result["passed"] else None
+    return index if isinstance(index, int) and not isinstance(index, bool) and done <= index < len(part) else None
+
+
+def _left_by(part: list[str], done: int, result: dict, timed_out: int | None) -> tuple[list[str], list[str]]:
     """(what to batch again, what to trace alone) of a batch that traced its first `done` tasks."""
-    slow = result["metrics"].get("slow") if result["passed"] else None
-    if isinstance(slow, int) and not isinstance(slow, bool) and done <= slow < len(part):
-        return part[done:slow] + part[slow + 1:], [part[slow]]  # given up: alone, it has the child's whole time
+    if timed_out is not None:
+        return part[done:timed_out] + part[timed_out + 1:], []
     rest = part[done:]
     if result["passed"] and not result["metrics"].get("steered") and done:
         return rest, []  # out of time or room

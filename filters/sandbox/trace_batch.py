@@ -16,10 +16,10 @@ every conv through a name new to `nn.Conv2d`, any layer through a global forward
 When a digest changed, the batch ends there: the tasks since the last digest that held,
 and every later one, are traced again alone, in a child of each. When the sentinel's trace
 or `torch_state` changed, no trace of the batch is kept. Each task is loaded into a fresh
-module namespace (`execution.load_task`), so a task's own names are never another's. A task
-still tracing GIVE_UP_S into the batch is given up (`OutOfTime`, raised by SIGALRM in its
-trace): the batch ends with its checks and the traces before it, and that task alone is
-traced in a child of its own. What
+module namespace (`execution.load_task`), so a task's own names are never another's. Each
+task has as long as it would alone (`task_limit_s`, the worker's TRACE_LIMIT_S): one still
+tracing then is stopped (`OutOfTime`, raised by SIGALRM in its trace) and is untraced, as it
+would be alone, and the batch ends with its checks done and every trace before it kept. What
 none of these sees (a task that edits a container deep inside torch that only some later
 task's op reads) is the residual risk: such a task can steer traces in its own batch of
 32, not its verdicts (dedupe has none).
@@ -47,11 +47,9 @@ CHECK_EVERY = 4
 # A batch starts no task after this long (the child's hard limit is worker.TRACE_LIMIT_S): a
 # batch of large networks that runs out of time loses none of the traces it made.
 BATCH_BUDGET_S = 5.0
-# A task still tracing this long after the batch's first task began is given up (`OutOfTime`),
-# so that the batch ends inside the child's limit (worker.TRACE_LIMIT_S, 20 s) with the checks
-# at its ends done (under a second each) and the other tasks' traces kept: one slow network had cost its batch of 32 every trace,
-# and each of them a child of its own.
-GIVE_UP_S = 14.0
+# The child's own limit: a task started before BATCH_BUDGET_S has its whole time, and the
+# checks at the batch's ends (under a second each) have this much more.
+END_CHECKS_S = 5.0
 WATCHED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.fft", "torch.linalg", "torch.special",
                    "torch.nn.init", "torch.ops", "torch.utils._python_dispatch", "torch.utils._pytree", "math")
 # The modules a trace runs (harness.trace): their tables are read by content as well, every
@@ -64,33 +62,40 @@ TRACER_MODULES = frozenset({"filters.computation.graph", "filters.computation.eq
                             "filters.sandbox.trace_batch"})
 
 
-def trace_batch(codes: list[str], give_up_s: float = GIVE_UP_S) -> dict:
+def batch_limit_s(task_limit_s: float) -> float:
+    """How long a batch's child may take when each task may take `task_limit_s`."""
+    return BATCH_BUDGET_S + task_limit_s + END_CHECKS_S
+
+
+def trace_batch(codes: list[str], task_limit_s: float) -> dict:
     """{"traced": k, "steered": bool, "op_graph_0": ..., ..., "op_graph_{k-1}": ...}: the
     traces of the first k tasks, which no earlier task of the batch can have steered, and
     `partial_i` where the i-th is a partial reading (harness.Reading). k is
     less than len(codes) when a task changed the process (`steered`: the rest must be traced
-    alone), when a task was still tracing `give_up_s` after the first began (`slow`: its index; it is
-    traced alone, the rest may be batched again), or when the batch used its time or its
-    answer's room (the rest may be batched again)."""
+    alone), when a task was still tracing after `task_limit_s` (`timed_out`: its index; it is
+    untraced, as it would be alone, and the rest may be batched again), or when the batch used
+    its time or its answer's room (the rest may be batched again). (A slow network had run the
+    child out of its time and cost every trace of its batch: 45 of the 250 KernelBench tasks
+    of a CPU build were traced one per child after it.)"""
     began = time.monotonic()
     sentinel, before, whole = trace(WARM_UP_TASK), process_state(), torch_state()
-    readings, trusted, steered, moved, slow = [], 0, False, [], None
-    with _giving_up_after(give_up_s) as alarm:
+    readings, trusted, steered, moved, timed_out = [], 0, False, [], None
+    with _alarm() as alarm:
         for i, code in enumerate(codes):
             try:
-                with alarm.armed():
+                with alarm.armed(task_limit_s):
                     readings.append(read(code, untrusted=False))  # batches trace the reference and `dedupe`'s tasks
             except OutOfTime:
-                slow = i
-            over = time.monotonic() - began > BATCH_BUDGET_S or alarm.rung
-            if slow is not None or (i + 1) % CHECK_EVERY == 0 or i + 1 == len(codes) or over:
+                timed_out = i
+            over = time.monotonic() - began > BATCH_BUDGET_S
+            if timed_out is not None or (i + 1) % CHECK_EVERY == 0 or i + 1 == len(codes) or over:
                 now = process_state()
                 steered = changed(before, now)  # by one of the tasks since the last look
                 if steered:
                     moved = what_changed(before, now)
                     break
                 trusted = len(readings)
-                if slow is not None or over or sum(len(r.graph or "") for r in readings) > MAX_BATCH_CHARS:
+                if timed_out is not None or over or sum(len(r.graph or "") for r in readings) > MAX_BATCH_CHARS:
                     break
     deep = torch_state()
     if trace(WARM_UP_TASK) != sentinel or changed(whole, deep):
@@ -98,7 +103,7 @@ def trace_batch(codes: list[str], give_up_s: float = GIVE_UP_S) -> dict:
         trusted, steered = 0, True
         moved = what_changed(whole, deep) or ["the sentinel's trace"]
     return {"traced": trusted, "steered": steered, "moved": ", ".join(moved)[:200],
-            **({"slow": slow} if slow is not None and not steered else {}),
+            **({"timed_out": timed_out} if timed_out is not None and not steered else {}),
             **{f"op_graph_{i}": r.graph for i, r in enumerate(readings[:trusted])},
             **{f"partial_{i}": True for i, r in enumerate(readings[:trusted]) if r.partial}}
 
@@ -109,35 +114,35 @@ class OutOfTime(BaseException):
 
 
 class _Alarm:
-    """SIGALRM at a time set: while `armed`, it raises OutOfTime in the trace under way;
-    between tasks, it is noted (`rung`) and the batch ends at its next look."""
+    """While `armed(seconds)`, SIGALRM raises OutOfTime in the trace under way when the
+    seconds have passed; disarmed, nothing."""
 
     def __init__(self):
-        self.on = self.rung = False
+        self.on = False
 
     def ring(self, signum, frame) -> None:
-        self.rung = True
         if self.on:
             self.on = False
             raise OutOfTime
 
     @contextlib.contextmanager
-    def armed(self):
+    def armed(self, seconds: float):
         self.on = True
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
         try:
             yield
         finally:
             self.on = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 @contextlib.contextmanager
-def _giving_up_after(seconds: float):
-    """An _Alarm that rings `seconds` from now, taken down on leaving. SIGALRM, not a
-    watchdog thread: a thread would change the process's thread count, which the batch's
-    looks compare (the GPU gate's step limit, which also arms SIGALRM, runs in no batch)."""
+def _alarm():
+    """An _Alarm on SIGALRM while inside. SIGALRM, not a watchdog thread: a thread would change
+    the process's thread count, which the batch's looks compare (the GPU gate's step limit,
+    which also arms SIGALRM, runs in no batch: its traces are on the CPU)."""
     alarm = _Alarm()
     previous = signal.signal(signal.SIGALRM, alarm.ring)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
     try:
         yield alarm
     finally:

@@ -184,7 +184,8 @@ def run_job(job: dict, options: dict, reasons) -> dict:
     with what the task computes, traced in a second child: a trace that fails or hangs never
     changes a verdict."""
     if job["config"].get("trace_batch"):  # many tasks' traces, none of them checked (filters/sandbox/trace_batch.py)
-        return _in_child(job, {**options, "timeout_s": TRACE_LIMIT_S}, reasons, _trace_batch_child)
+        from filters.sandbox.trace_batch import batch_limit_s
+        return _in_child(job, {**options, "timeout_s": batch_limit_s(_task_limit_s(job))}, reasons, _trace_batch_child)
     if job["config"].get("trace_only"):
         outcome = accepted({})
     else:
@@ -475,11 +476,15 @@ def _checks_device(cfg: dict, options: dict, alone: bool):
 
 def _trace_batch_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
     def traced() -> dict:
-        from filters.sandbox.trace_batch import GIVE_UP_S, trace_batch
+        from filters.sandbox.trace_batch import trace_batch
         sys.addaudithook(_refuse_escapes(workdir))
-        give_up_s = min(float(job["config"].get("give_up_s", GIVE_UP_S)), GIVE_UP_S)  # room left for the end checks
-        return accepted(trace_batch(job["config"]["trace_batch"], give_up_s))
+        return accepted(trace_batch(job["config"]["trace_batch"], _task_limit_s(job)))
     _run_in_child(traced, options, workdir, write_fd)
+
+
+def _task_limit_s(job: dict) -> float:
+    """A batched task's time: as long as alone, or less where the job asks."""
+    return min(float(job["config"].get("task_limit_s", TRACE_LIMIT_S)), TRACE_LIMIT_S)
 
 
 def _run_in_child(body, options: dict, workdir: str, write_fd: int) -> None:

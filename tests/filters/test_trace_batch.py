@@ -100,18 +100,19 @@ def test_a_task_that_steers_torch_for_later_tasks_is_seen(pool, attack):
 
 
 
-# A task whose model takes seconds to build (four times the give-up the tests set, or more):
-# a network too large to trace in its batch's time, as KernelBench L3's were on 2 cores.
-SLOW = VICTIM.replace("super().__init__()", "super().__init__()\n        spent = sum(range(150_000_000))")
+# A task whose model takes seconds to build (four times the limit the test sets, or more): a
+# network too large to trace in a trace's time, as some of KernelBench L3 are on 2 cores.
+SLOW = VICTIM.replace("super().__init__()", "super().__init__()\n        w = torch.rand(512, 512)\n"
+                                            "        for _ in range(150):\n            w = torch.tanh(w @ w)")
 
 
-def test_a_task_too_slow_for_its_batch_is_given_up_and_the_tasks_before_it_keep_their_traces(pool):
-    """One slow task had cost its whole batch: the child ran out of its 20 s and every trace
-    was lost. Given up at the batch's time, it is named (`slow`), and the batch ends with its
+def test_a_task_that_runs_out_of_its_time_costs_its_batch_no_trace(pool):
+    """One slow task had run its batch's child out of time, and every trace of the batch was
+    lost. Stopped at its own limit, it is named (`timed_out`), and the batch ends with its
     checks done and the traces before it kept."""
-    [result] = pool.run_many([{"code": "", "config": {"trace_batch": [VICTIM, SLOW, VICTIM.replace("(2, 3", "(3, 3")],
-                                                      "give_up_s": 0.5}}])
+    [result] = pool.run_many([{"code": "", "config": {
+        "trace_batch": [VICTIM, SLOW, VICTIM.replace("(2, 3", "(3, 3")], "task_limit_s": 0.5}}])
     assert result["passed"], result
     metrics = result["metrics"]
-    assert metrics["slow"] == 1 and metrics["traced"] == 1 and not metrics["steered"], metrics
+    assert metrics["timed_out"] == 1 and metrics["traced"] == 1 and not metrics["steered"], metrics
     assert metrics["op_graph_0"] == "convolution2d silu sum" and "op_graph_1" not in metrics
