@@ -88,10 +88,11 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
     after `task_limit_s` (a trace's limit alone) is stopped and untraced, as alone, and not
     cached (a timeout may be the machine's); the rest of its batch, like what a batch leaves
     when it runs out of time, is batched again. What a batch leaves after a task changed its
-    process, or all of it when it failed, is traced one task per child. (Halving a failed batch until its culprit is alone measured
-    half as fast on 2 cores: the culprit fails each half again, BENCHMARKS.md, the reference
-    trace.) Each job that ends sends what it leaves to the pool at once, so no worker waits
-    for a round's slowest batch; how far the trace is gets logged every PROGRESS_S."""
+    process, or all of it when it failed, is traced one task per child. (Halving a failed
+    batch until its culprit is alone measured half as fast on 2 cores: the culprit fails each
+    half again, BENCHMARKS.md, the reference trace.) Each job that ends sends what it leaves
+    to the pool at once, so no worker waits for a round's slowest batch; how far the trace is
+    gets logged every PROGRESS_S."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
     found = {code: store.get(graph_key(code)) for code in dict.fromkeys(codes)}
     missing = [code for code, entry in found.items() if entry is None]

@@ -44,8 +44,8 @@ MAX_BATCH_CHARS = 600_000
 # Tasks traced between two digests (one takes 2-5 ms, a trace 20-40): when a digest changed,
 # the traces since the last one are not kept and those tasks are traced alone.
 CHECK_EVERY = 4
-# A batch starts no task after this long (the child's hard limit is worker.TRACE_LIMIT_S): a
-# batch of large networks that runs out of time loses none of the traces it made.
+# A batch starts no task after this long (its child's limit is `batch_limit_s`): a batch of
+# large networks ends well inside it and keeps every trace it made.
 BATCH_BUDGET_S = 5.0
 # The child's own limit: a task started before BATCH_BUDGET_S has its whole time, and the
 # checks at the batch's ends (under a second each) have this much more.
