@@ -20,7 +20,8 @@ from filters.grammar import static_check
 from filters.sandbox.worker import TRACE_LIMIT_S
 from filters.similarity.decontaminate import SimilarityIndex, decontaminate, dedupe
 from filters.similarity.reference import (ReferenceSet, ReferenceSetError, fingerprint_all, graph_key, in_full,
-                                          load_reference, read_tasks, reading_of, with_graphs, with_shipped)
+                                          load_reference, read_tasks, stored_reading, trace_job, with_graphs,
+                                          with_shipped)
 from filters.similarity.score import with_graph
 from filters.store import JsonStore
 
@@ -107,8 +108,7 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
         return pool.submit(job, then=lambda result: (True, part, result))
 
     def alone(code: str) -> Future:
-        return pool.submit({"code": code, "config": {"trace_only": True, "untrusted": False}},
-                           then=lambda result: (False, [code], result))
+        return pool.submit(trace_job(code), then=lambda result: (False, [code], result))
 
     running = {*map(batched, _chunks(pending, batch)), *map(alone, refused)}
     began = logged = time.monotonic()
@@ -118,9 +118,7 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
         for future in ended:
             was_batch, part, result = future.result()
             if not was_batch:
-                found[part[0]] = reading_of(result)
-                if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
-                    store.put(graph_key(part[0]), found[part[0]])
+                found[part[0]] = stored_reading(store, graph_key(part[0]), result)
                 continue
             done = result["metrics"].get("traced", 0) if result["passed"] else 0
             for i, code in enumerate(part[:done]):

@@ -114,9 +114,14 @@ def trace_all(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool
 def readings(codes: list[str], pool, cache_dir: str | Path, as_candidates: bool = False,
              device: str = "cpu") -> list[dict]:
     """What `trace_all` traces, as the cache holds it: {"op_graph", "partial"} (harness.Reading)."""
-    on = {"device": device} if device != "cpu" else {}
-    return _cached([{"code": code, "config": {"trace_only": True, "untrusted": as_candidates, **on}} for code in codes],
+    return _cached([trace_job(code, as_candidates, device) for code in codes],
                    [graph_key(code, as_candidates, device=device) for code in codes], pool, cache_dir)
+
+
+def trace_job(code: str, as_candidate: bool = False, device: str = "cpu") -> dict:
+    """The sandbox job that traces one task, as `readings` keys it (`graph_key`)."""
+    on = {"device": device} if device != "cpu" else {}
+    return {"code": code, "config": {"trace_only": True, "untrusted": as_candidate, **on}}
 
 
 def in_full(codes: list[str], entries: list[dict], pool, cache_dir: str | Path, checks: dict | None = None) -> list:
@@ -145,16 +150,18 @@ def _cached(jobs: list[dict], keys: list[str], pool, cache_dir: str | Path) -> l
     missing = [i for i, entry in enumerate(found) if entry is None]
     results = pool.run_many([jobs[i] for i in missing]) if missing else []
     for i, result in zip(missing, results):
-        found[i] = reading_of(result)
-        if result["stage"] != "sandbox":  # a crash or timeout may be the machine's: try again next time
-            store.put(keys[i], found[i])
+        found[i] = stored_reading(store, keys[i], result)
     return found
 
 
-def reading_of(result: dict) -> dict:
-    """A trace job's result as the cache holds it: {"op_graph", "partial"}."""
+def stored_reading(store: JsonStore, key: str, result: dict) -> dict:
+    """A trace job's result as the cache holds it ({"op_graph", "partial"}), put in the cache
+    unless the sandbox ended the job (a crash or timeout may be the machine's: try again next time)."""
     metrics = result["metrics"] if result["passed"] else {}
-    return {"op_graph": metrics.get("op_graph"), "partial": bool(metrics.get("partial"))}
+    reading = {"op_graph": metrics.get("op_graph"), "partial": bool(metrics.get("partial"))}
+    if result["stage"] != "sandbox":
+        store.put(key, reading)
+    return reading
 
 
 def graph_key(code: str, as_candidate: bool = False, own_sizes: bool = False, device: str = "cpu") -> str:
