@@ -8,6 +8,7 @@ follow it.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +53,7 @@ class _Recognisers:
                 return (name,), [node]
         # a maximum over windows is a pooling before it is a reduction of the windows' view
         return self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
-            self._reduction(op, window, REDUCTIONS[1:])
+            self._reduction(op, window, REDUCTIONS[1:]) or self._bound_of_two(op, window)
 
     def _elementwise(self, op, node) -> str | None:
         target, source = self._sample(op), self._sample(node)
@@ -83,6 +84,55 @@ class _Recognisers:
             return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
         return "leaky_relu" if _leaky(source, target) else None
 
+    def _bound_of_two(self, op, window):
+        """`op` is the maximum or minimum of two earlier values, up to a positive scale, written
+        through arithmetic: (u + v + |u - v|) / 2, relu(u - v) + v, where(u > v, u, v) (an
+        adversary wrote KernelBench L2 55's max pooling of two features, then a sum, as half
+        the sum of `a + b + |a - b|`). Read `maximum` or `minimum` of the two, or the pooling
+        it is where they are a value's windows; a scale other than 1 is a `mul` after it."""
+        ends = self._written_bound_ends(op)
+        if ends is None:
+            return None
+        target = op.value.float()
+        for u, v in itertools.combinations(ends, 2):
+            for name, bound in (("maximum", torch.maximum), ("minimum", torch.minimum)):
+                scale = _positive_scale(bound(self._sample(u), self._sample(v)), self._sample(op))
+                if scale is None or not close(scale * bound(u.value.float(), v.value.float()), target):
+                    continue
+                scaled = ("mul",) if abs(scale - 1) > 1e-4 else ()
+                if scaled and self._scaled_by_its_reader(op):
+                    return None  # `(a + b + |a - b|) * 0.5`: read at the scale, which the bound is
+                pooled = self._pool(op, window, scale, written=[name]) if name == "maximum" else None
+                return ((pooled[0] + scaled), pooled[1]) if pooled else ((name,) + scaled, [u, v])
+        return None
+
+    def _scaled_by_its_reader(self, op) -> bool:
+        readers = self.users.get(op, set())
+        reader = next(iter(readers)) if len(readers) == 1 else None
+        return reader is not None and _name(reader) in ("mul", "div", "true_divide") and \
+            [n for n in self.inputs[reader] if n.variable] == [op]
+
+    def _written_bound_ends(self, op) -> list | None:
+        """The values a bound written through `abs`, `relu` or `where` could be of: what the
+        few ops before `op` read, where one of them is such an op (every other op is asked
+        nothing: two of every earlier value would be too many)."""
+        walked, frontier, ends = set(), [(op, 0)], []
+        while frontier:
+            node, depth = frontier.pop()
+            if node in walked:
+                continue
+            walked.add(node)
+            for read in self.inputs[node]:
+                if read.target is not None and read.variable and depth < BOUND_DEPTH \
+                        and _name(read) in BOUND_SPELLINGS | {"add", "sub", "mul", "div", "neg", "gt", "lt", "ge", "le"}:
+                    frontier.append((read, depth + 1))
+                elif read.variable and read.value.shape == op.value.shape and read.value.is_floating_point():
+                    ends.append(read)
+        if BOUND_SPELLINGS.isdisjoint(_name(n) for n in walked):
+            return None
+        ends = list(dict.fromkeys(n for n in ends if n not in walked and n not in self.absorbed))
+        return ends if 2 <= len(ends) <= BOUND_ENDS else None
+
     def _reduction(self, op, window, reductions):
         """A log-sum-exp, maximum or minimum of an earlier value along one dimension, however
         written (an adversary's minimum as `-amax(-t)` read `mul max mul`)."""
@@ -110,7 +160,7 @@ class _Recognisers:
         return all((_name(n) in SIGNS_AND_MAXIMA or not canonical(n)) and self.users.get(n, set()) <= between | {op}
                    for n in between)
 
-    def _pool(self, op, window):
+    def _pool(self, op, window, scale: float = 1.0, written: list | None = None):
         """`op` is an average or a maximum over windows of an earlier value's spatial
         dimensions, whatever computes it: a pooling layer, unfold and a mean, a convolution by
         a constant kernel one channel at a time, slices of a padded value and their maximum (a
@@ -118,10 +168,10 @@ class _Recognisers:
         over those dimensions where one window covers them all (what an adaptive pool to 1
         and `x.mean((2, 3))` read as). A (rows, features) value is pooled along its features,
         as F.max_pool1d of `x.unsqueeze(1)` is (a red team wrote it `x.view(B, F // 2, 2).amax(-1)`)."""
-        name = canonical(op)
+        name = written or canonical(op)
         flat = op.value.dim() == 2
         image = (lambda value: value[:, None]) if flat else (lambda value: value)
-        target = image(op.value)
+        target = image(op.value) / scale if scale != 1 else image(op.value)
         spatial = target.dim() - 2
         # a matrix product writes no pooling (a Linear from a width to its half, over (batch,
         # sequence, width) values, was asked every setting of every earlier value of its shape).
@@ -289,7 +339,11 @@ class _Recognisers:
 
 
 POOL_ENDS = frozenset({"sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})  # and any convolution
-FLAT_POOL_ENDS = frozenset({"sum", "max"})  # amax, max, sum and mean of a (rows, windows, width) view
+FLAT_POOL_ENDS = frozenset({"sum", "max", "maximum"})  # amax, max, sum and mean of a (rows, windows, width) view,
+# and torch.maximum of its slices
+BOUND_SPELLINGS = frozenset({"abs", "relu", "where"})  # what a maximum or minimum of two is written through
+BOUND_DEPTH = 4  # ops back from a written bound to the values it bounds: (u + v + |u - v|) / 2 is 4 deep
+BOUND_ENDS = 6  # values a written bound may be of: two, and what else those few ops read
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
 
 
@@ -316,6 +370,15 @@ def _pool_settings(size, pooled):
                     if all((n + 2 * padding - span) // stride + 1 == m for n, m in zip(size, pooled)):
                         kinds = ("avg", "max") if dilation == 1 else ("max",)  # an average has no dilation
                         yield from ((kind, kernel, stride, padding, dilation) for kind in kinds)
+
+
+def _positive_scale(bound: torch.Tensor, target: torch.Tensor) -> float | None:
+    """c > 0 where target = c * bound on these samples, or None."""
+    nonzero = bound.abs() > 1e-6 * (1 + float(bound.abs().max()))
+    if not bool(nonzero.any()):
+        return None
+    scale = float((target[nonzero] / bound[nonzero]).median())
+    return scale if scale > 0 and math.isfinite(scale) and close(scale * bound, target) else None
 
 
 def _pooled(kind: str, x: torch.Tensor, kernel: int, stride: int, padding: int, dilation: int = 1) -> torch.Tensor:

@@ -567,10 +567,41 @@ with torch.no_grad():
     lambda x: F.max_pool1d(x.unsqueeze(1), 2).squeeze(1),
     lambda x: x.view(4, 8, 2).amax(-1),  # a red team's (session 27: 0.8 against Matmul_MaxPool_Sum_Scale)
     lambda x: x.reshape(4, -1, 2).max(-1).values,
+    lambda x: torch.maximum(x[:, ::2], x[:, 1::2]),
+    # session 29's adversary on L2 55: the maximum of two as arithmetic (a + b + |a - b|) / 2
+    lambda x: (x[:, ::2] + x[:, 1::2] + (x[:, ::2] - x[:, 1::2]).abs()) * 0.5,
+    lambda x: torch.relu(x[:, ::2] - x[:, 1::2]) + x[:, 1::2],
+    lambda x: torch.where(x[:, ::2] > x[:, 1::2], x[:, ::2], x[:, 1::2]),
 ])
 def test_a_pooling_of_each_rows_features_reads_as_one_however_written(written):
     # a maximum commutes with a monotone op, and is spelled before it (`names.canonical_order`)
     assert ops(lambda x: written(torch.tanh(x)), shape=(4, 16)) == ["max_pool1d", "tanh"]
+
+
+def test_a_pooling_written_as_twice_its_maximum_reads_as_the_pooling_and_the_scale():
+    # the adversary's L2 55 summed `a + b + |a - b|` and halved the sum
+    assert ops(lambda x: (lambda t: (t[:, ::2] + t[:, 1::2] + (t[:, ::2] - t[:, 1::2]).abs()).sum(1) * 0.5)(
+        torch.tanh(x)), shape=(4, 16)) == ["max_pool1d", "tanh", "mul", "sum", "mul"]
+
+
+@pytest.mark.parametrize("written, name", [
+    (lambda u, v: (u + v + (u - v).abs()) / 2, "maximum"),
+    (lambda u, v: (u + v - (u - v).abs()) / 2, "minimum"),
+    (lambda u, v: torch.relu(u - v) + v, "maximum"),
+    (lambda u, v: torch.where(u < v, u, v), "minimum"),
+    (lambda u, v: torch.maximum(u, v), "maximum"),
+])
+def test_the_maximum_or_minimum_of_two_values_reads_as_itself_however_written(written, name):
+    assert ops(lambda x: written(torch.tanh(x), torch.sigmoid(x))) == ["tanh", "sigmoid", name]
+
+
+@pytest.mark.parametrize("body", [
+    lambda x: torch.relu(torch.tanh(x)) + torch.sigmoid(x),  # a residual over a relu
+    lambda x: (torch.tanh(x) - torch.sigmoid(x)).abs() + torch.tanh(x),  # no maximum: |u - v| + u
+    lambda x: torch.where(x > 0, torch.tanh(x), torch.sigmoid(x)),  # a selection by another value
+])
+def test_arithmetic_through_abs_relu_or_where_that_bounds_nothing_keeps_its_spelling(body):
+    assert not {"maximum", "minimum"} & set(ops(body))
 
 
 @pytest.mark.parametrize("written", [
