@@ -5,6 +5,7 @@ batch's guards before they read every torch namespace and the dispatcher."""
 import textwrap
 
 import pytest
+import torch
 
 VICTIM = textwrap.dedent("""\
     import torch
@@ -116,3 +117,39 @@ def test_a_task_that_runs_out_of_its_time_costs_its_batch_no_trace(pool):
     metrics = result["metrics"]
     assert metrics["timed_out"] == 1 and metrics["traced"] == 1 and not metrics["steered"], metrics
     assert metrics["op_graph_0"] == "convolution2d silu sum" and "op_graph_1" not in metrics
+
+
+
+# A model that keeps address space in a reference cycle the collector has not reached (its
+# junk moves the cycle to the oldest generation), and a victim that needs what it keeps: a red
+# team's 5.8 GiB cycle left a later task's trace too little of the child's 6 GiB limit, and the
+# victim was read on the meta device instead, `mm add mul relu mul`, and cached.
+HOLDING = steering_task("").replace("    def forward", "    def __init__(self):\n        super().__init__()\n"
+                                    "        self.keep = [torch.empty(GIB), self]\n"
+                                    "        self.junk = [[i] for i in range(30000)]\n\n    def forward")
+NEEDS_MEMORY = steering_task("").replace("    def forward(self, x):\n        return x * 3.0", """\
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8192, 8192)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x) * 4.0) * 0.25""").replace("torch.rand(4, 8)", "torch.randn(4, 8192)")
+
+
+def test_memory_a_task_leaves_in_garbage_costs_the_next_task_in_its_batch_nothing(pool):
+    from pipeline.dedupe import shareable
+    holding = HOLDING.replace("GIB", "23 << 26")  # 5.75 GiB of float32
+    assert shareable([holding, NEEDS_MEMORY]) == ([holding, NEEDS_MEMORY], [])  # no task the policy refuses
+    metrics = traced_batch(pool, [holding, NEEDS_MEMORY])
+    assert metrics["traced"] == 2 and not metrics["steered"], metrics
+    assert metrics["op_graph_0"] == "mul" and metrics["op_graph_1"] == "mm add relu"
+
+
+def test_a_batch_ends_where_its_tasks_hold_memory_the_collector_cannot_free():
+    from filters.sandbox.trace_batch import HELD_BYTES, holds_memory, memory_in_use
+    room = memory_in_use()
+    assert room > 0  # glibc's mallinfo2: the guard is not off here
+    kept = torch.ones(2 * HELD_BYTES // 4)
+    assert holds_memory(room)
+    del kept
+    assert not holds_memory(room)
