@@ -173,6 +173,9 @@ def _parser() -> argparse.ArgumentParser:
     dedupe.add_argument("--levels", default="1,2,3", help="KernelBench levels to use (default: 1,2,3)")
     dedupe.add_argument("--workers", type=int, default=0, help="sandbox workers that trace the tasks (0 = auto)")
     dedupe.add_argument("--cache-dir", help="where traced op sequences are cached (default: ~/.cache/opsynth)")
+    dedupe.add_argument("--keep-untraced", action="store_true",
+                        help="keep tasks whose computation could not be read, judged by their text alone "
+                             "(default: removed, as a run rejects them)")
     dedupe.set_defaults(handler=_dedupe)
 
     publish = commands.add_parser("publish", help="publish a finished output folder as a named version")
@@ -310,12 +313,15 @@ def _dedupe(args, beam_args) -> int:
     with WorkerPool(workers, SandboxOptions(timeout_s=120, threads=1, warm_up=False)) as pool:
         try:
             rows = dedupe_report(args.tasks, args.against, levels, args.threshold, args.dedupe_threshold,
-                                 Path(args.out), pool, args.cache_dir or default_cache_dir())
+                                 Path(args.out), pool, args.cache_dir or default_cache_dir(),
+                                 keep_untraced=args.keep_untraced)
         except ReferenceSetError as error:
             raise ConfigError(str(error)) from None
     removed = sum(not row["kept"] for row in rows)
-    print(f"{args.out}: {len(rows)} tasks, {removed} removed "
-          f"({sum(row['max_similarity'] > args.threshold for row in rows)} similar to the reference)")
+    similar = sum((row["max_similarity"] or 0) > args.threshold for row in rows)
+    untraced = sum(not row["traced"] for row in rows)
+    print(f"{args.out}: {len(rows)} tasks, {removed} removed ({similar} similar to the reference; {untraced} "
+          f"untraced, {'kept where not similar' if args.keep_untraced else 'removed: --keep-untraced keeps them'})")
     return 0
 
 

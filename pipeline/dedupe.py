@@ -27,18 +27,22 @@ from filters.store import JsonStore
 
 log = logging.getLogger(__name__)
 REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float64()), ("nearest", pa.string()),
-                           ("duplicate_of", pa.string()), ("kept", pa.bool_())])
+                           ("duplicate_of", pa.string()), ("traced", pa.bool_()), ("kept", pa.bool_())])
 TRACE_BATCH = 32  # tasks a child traces: a few seconds of work, well inside the trace's time limit
 PROGRESS_S = 10.0  # how often a long trace logs how far it is
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
-                  out: Path, pool, cache_dir: str | Path, shipped: dict | None = None) -> list[dict]:
+                  out: Path, pool, cache_dir: str | Path, shipped: dict | None = None,
+                  keep_untraced: bool = False) -> list[dict]:
     """Both sets are traced in the sandbox `pool` (cached under `cache_dir`), so that what
     a task computes is compared, and read as text; dedupe inside the set is textual. The
     reference is read as a run reads it (the shipped table where it holds a task, on the CPU
     at seed 0 otherwise), and the tasks likewise: a partial reading read again at the task's
-    own sizes, so that a copy of a reference task reads as the table does."""
+    own sizes, so that a copy of a reference task reads as the table does. A task whose
+    computation cannot be read is removed, as a run rejects it (`untraced`), unless
+    `keep_untraced`: compared by its text alone, an adversary's copy that traced past its
+    time limit, or whose two readings disagreed, was kept at 0.32 and 0.38."""
     named = read_tasks(tasks)
     if not named:
         raise ReferenceSetError(f"{tasks} holds no tasks")
@@ -53,10 +57,11 @@ def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: 
     matches = decontaminate(computed, SimilarityIndex(reference.fingerprints), threshold)
     duplicates = dedupe(fingerprints, dedupe_threshold)
     rows = [{"source": fp.name, "max_similarity": match.similarity, "nearest": match.nearest,
-             "duplicate_of": dup.duplicate_of, "kept": dup.kept and not match.too_close(threshold)}
-            for fp, match, dup in zip(fingerprints, matches, duplicates)]
-    rows += [{"source": name, "max_similarity": None, "nearest": None, "duplicate_of": None, "kept": False}
-             for name in unparsable]
+             "duplicate_of": dup.duplicate_of, "traced": graph is not None,
+             "kept": dup.kept and not match.too_close(threshold) and (graph is not None or keep_untraced)}
+            for fp, match, dup, graph in zip(fingerprints, matches, duplicates, graphs)]
+    rows += [{"source": name, "max_similarity": None, "nearest": None, "duplicate_of": None, "traced": False,
+              "kept": False} for name in unparsable]
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=REPORT_SCHEMA), out, compression="zstd")
     return rows
@@ -157,6 +162,8 @@ def _left_by(part: list[str], done: int, result: dict, timed_out: int | None) ->
         return part[done:timed_out] + part[timed_out + 1:], []
     rest = part[done:]
     if result["passed"] and not result["metrics"].get("steered") and done:
+        if rest and result["metrics"].get("held_memory"):
+            log.info("a batch of %d ended after %d traced: its tasks held memory a later one would need", len(part), done)
         return rest, []  # out of time or room
     if rest and not result["passed"]:
         log.info("a batch of %d failed after %d traced (%s: %s)", len(part), done, result["reason"],

@@ -13,6 +13,7 @@ from filters.similarity.reference import ReferenceSetError, graph_key, load_refe
 from filters.similarity.score import encode, fingerprint, score
 from pipeline.composers.template import TemplateComposer
 from pipeline.cli import main
+from tests.conftest import make_task
 from tests.disguise import KINDS, REWRITES, disguise
 
 REFERENCE = Path(__file__).parents[1] / "fixtures" / "reference"
@@ -118,11 +119,11 @@ def test_dedupe_command_flags_disguised_copies_and_not_unrelated_tasks(tmp_path,
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "copy.py").write_text(disguise((REFERENCE / "level2" / "4_Conv2d_ReLU_AvgPool.py").read_text()))
-    (tasks / "other.py").write_text("import torch\nclass Model:\n    def forward(self, x):\n        return x.sort()\n")
+    (tasks / "other.py").write_text(make_task("return torch.cumprod(x.sort(dim=1).values, 1)"))
     assert main(["dedupe", str(tasks), "--against", str(REFERENCE), "--out", str(tmp_path / "d.parquet")]) == 0
     rows = {r["source"]: r for r in pq.read_table(tmp_path / "d.parquet").to_pylist()}
     assert not rows["copy.py"]["kept"] and rows["copy.py"]["nearest"] == "level2/4_Conv2d_ReLU_AvgPool.py"
-    assert rows["other.py"]["kept"] and rows["other.py"]["max_similarity"] < 0.5
+    assert rows["other.py"]["traced"] and rows["other.py"]["kept"] and rows["other.py"]["max_similarity"] < 0.5
     assert main(["dedupe", str(tasks), "--against", str(tmp_path / "nope"), "--out", str(tmp_path / "e.parquet")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
 

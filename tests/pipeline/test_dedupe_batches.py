@@ -174,3 +174,20 @@ def test_dedupe_reads_a_task_as_a_run_reads_it_where_the_small_problem_reads_par
     rows = dedupe_report(str(tasks), str(tmp_path / "reference"), (2,), 0.9, 0.95, tmp_path / "d.parquet", pool,
                          tmp_path / "cache", shipped={code_digest(PARTIAL_AT_THE_SMALL_PROBLEM): "mm add logsumexp"})
     assert rows[0]["max_similarity"] > 0.99 and not rows[0]["kept"], rows
+
+
+def test_dedupe_removes_a_task_it_cannot_read_unless_asked_to_keep_it(pool, tmp_path):
+    """Compared by its text alone, an adversary's copy of a KernelBench task that traced past
+    its time limit was kept (0.32): a run rejects such a candidate (`untraced`), and so does
+    dedupe unless told to keep it."""
+    from pipeline.dedupe import dedupe_report
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "unreadable.py").write_text(make_task("return x.reshape(3, 7)"))  # fails on every input
+    (tasks / "readable.py").write_text(make_task("return torch.tanh(x).cumsum(1)"))
+    for keep in (False, True):
+        rows = {row["source"]: row for row in dedupe_report(
+            str(tasks), str(FIXTURES), (2,), 0.9, 0.95, tmp_path / "d.parquet", pool, tmp_path / "cache",
+            keep_untraced=keep)}
+        assert not rows["unreadable.py"]["traced"] and rows["unreadable.py"]["kept"] == keep, rows
+        assert rows["readable.py"]["traced"] and rows["readable.py"]["kept"], rows
