@@ -136,6 +136,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.heads: dict = {}
         self.images: dict = {}
         self.made_constant: set = set()
+        self.squash_reach: dict = {}  # a sigmoid or tanh read with its maps -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
         self.through_constants = False
         for op in self.ops:
@@ -152,6 +153,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         unspelled = _merged_branches(nodes, lambda n: reads[n], self.names) | \
             padded_by_convolutions(nodes, lambda n: reads[n])
         names = {node: self.names(node) for node in nodes if node not in unspelled}
+        _join_split_convolutions([node for node in nodes if node in names], reads, names)
         _factor_shared_products([node for node in nodes if node in names], reads, names, set(self._makers(outputs)))
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
@@ -175,6 +177,8 @@ class _Equivalences(_Unspelled, _Recognisers):
         the same at every position (`names.canonical_order`), or None."""
         if name not in GENERIC:
             return None
+        if node in self.squash_reach:
+            return self.squash_reach[node][name]
         if node not in self.named and _name(node) in ELEMENT_BOUNDS:
             return bound_reach(node)
         if node not in self.named and _name(node) in NORMS and (reach := norm_affine_reach(node, name)):
@@ -344,6 +348,38 @@ def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> No
             [op for op in AFFINE if op in tail or op in mine]
         names[node] = []
         owner[node] = previous
+
+
+def _join_split_convolutions(nodes: list, reads: dict, names: dict) -> None:
+    """A sum of two convolutions of one setting, over the two halves of one value's channels
+    (by their weights' halves), is one convolution of the whole value (`names` and `reads`
+    edited in place): an adversary split KernelBench L2 26's ConvTranspose3d over its input
+    channels, `convolution_transpose3d convolution_transpose3d add` against one."""
+    users = _users(nodes, reads)
+    for node in nodes:
+        if names[node] != ["add"] or len(reads[node]) != 2:
+            continue
+        first, second = reads[node]
+        if first is second or any(_name(c) != "convolution" or len(c.args) < 9 or names.get(c) != names.get(first)
+                                  or users.get(c) != [node] for c in (first, second)):
+            continue
+        if first.args[3:9] != second.args[3:9] or first.args[8] != 1:
+            continue  # stride, padding, dilation, transposed, output padding, groups
+        images = [getattr(c.args[0], "value", None) for c in (first, second)]
+        source = _sliced_from(first.args[0], second.args[0])
+        if source is None or not all(isinstance(i, torch.Tensor) for i in images):
+            continue
+        if any(torch.equal(torch.cat(pair, 1), source.value) for pair in (images, images[::-1])):
+            names[second], names[node], reads[node] = [], [], [first]
+
+
+def _sliced_from(a, b):
+    """The value two recorded slices were taken from, where it is one."""
+    sources = [next((arg for arg in getattr(n, "args", ()) if isinstance(arg, _Op)), None) for n in (a, b)]
+    if any(_name(n) not in ("slice", "narrow", "split", "split_with_sizes", "getitem") for n in (a, b)):
+        return None
+    return sources[0] if sources[0] is not None and sources[0] is sources[1] and \
+        isinstance(sources[0].value, torch.Tensor) else None
 
 
 def _factor_shared_products(nodes: list, reads: dict, names: dict, outputs: set) -> None:

@@ -51,9 +51,102 @@ class _Recognisers:
                 name = next((name for name, test in along if test(node.value.float())), None)
             if name:
                 return (name,), [node]
+            if canonical(op) == ["mul"] and (name := self._times_a_function_of_it(op, node)):
+                return (name, "mul"), [node]
         # a maximum over windows is a pooling before it is a reduction of the windows' view
         return self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
-            self._reduction(op, window, REDUCTIONS[1:]) or self._bound_of_two(op, window)
+            self._reduction(op, window, REDUCTIONS[1:]) or self._bound_of_two(op, window) or self._squash(op) or \
+            self._sum_by_a_constant(op, window)
+
+    def _sum_by_a_constant(self, op, window):
+        """`op` is c times the sum of an earlier value along one of its dimensions (not the
+        batch), written as a product by a vector of c's: an einsum or a matmul with a ones
+        vector, a 1x1 convolution of ones. Read `sum`, and `mul` where c is no 1 (an adversary
+        summed KernelBench L2 78's channels with `einsum(..., ones)`: `mm` against `sum`)."""
+        name = canonical(op)
+        if name and name[-1] != "mm":
+            return None
+        target = op.value.float()
+        for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1) and n.value.dim() > 1):
+            source = node.value.float()
+            for dim in range(1, source.dim()):
+                keep = source.dim() == target.dim()
+                reduced = list(source.shape)
+                reduced[dim:dim + 1] = [1] if keep else []
+                if tuple(reduced) != tuple(target.shape) or source.shape[dim] < 2:
+                    continue
+                self._tested()
+                summed = source.sum(dim, keepdim=keep)
+                scale = float((summed * target).sum() / (summed * summed).sum().clamp_min(1e-30))
+                if close(scale * summed, target):
+                    return ("sum",) + (("mul",) if abs(scale - 1) > 1e-4 else ()), [node]
+        return None
+
+    def _squash(self, op):
+        """`op` is c * f(a * u + b) + d of an earlier u, f a sigmoid or a tanh, a and b scalars,
+        c and d scalars or one per channel, with arithmetic on one side at least: named as the
+        one of the two that needs fewer of those maps (tanh(z) = 2 sigmoid(2z) - 1; a tie is a
+        sigmoid), each map a `mul` or an `add` where it is no identity. An adversary wrote
+        KernelBench L2 70's `s * sigmoid(y)` as `s / 2 * (1 + tanh(y / 2))` (`mul tanh add
+        mul` against `sigmoid mul`), and L2 82's `2 tanh(y) + b` as `4 sigmoid(2y) + (b - 2)`.
+        Asked at the end of the arithmetic after the function, not inside it."""
+        if not self._a_map(op) or self._squash_continues(op):
+            return None
+        squash = self._variables(op)[0]
+        while canonical(squash) not in (["sigmoid"], ["tanh"]):
+            if not self._a_map(squash):
+                return None
+            squash = self._variables(squash)[0]
+        argument = self._variables(squash)
+        if not argument or len(argument) != 1 or squash.value.shape != op.value.shape:
+            return None
+        chain = [argument[0]]  # the argument, and the values it is arithmetic of
+        while self._a_map(chain[-1]):
+            chain.append(self._variables(chain[-1])[0])
+        # the earliest value the argument is a map of by scalars (a bias per feature is no scalar)
+        # whose maps nothing else reads: folding in a value read elsewhere would hide it
+        source, inner = next(((node, fit) for node in reversed(chain[1:])
+                              if self._read_only_by(op, node)
+                              and (fit := _affine_coefficients(node.value.float(), chain[0].value.float(), None))),
+                             (chain[0], (torch.ones(1), torch.zeros(1))))
+        if not self._read_only_by(op, source):
+            return None
+        outer = next((_along_channels(fit, op.value.dim()) if dim else fit
+                      for dim in ((None, 1) if op.value.dim() >= 2 else (None,))
+                      if (fit := _affine_coefficients(squash.value.float(), op.value.float(), dim)) is not None), None)
+        if inner is None or outer is None or inner[0].numel() != 1:
+            return None
+        written = canonical(squash)[0]
+        forms = _squash_forms(written, (float(inner[0]), float(inner[1])), outer)
+        names, (function, (a, b), (c, d)) = min(forms, key=lambda form: (len(form[0]) - 1, form[1][0] != "sigmoid"))
+        if function is SQUASHES[written] or not close(c * function(a * source.value.float() + b) + d, op.value):
+            return None  # as written: its maps are read as the arithmetic they are
+        # how far the maps' constants reach, for `names.canonical_order` (the inner ones are scalars)
+        per_channel = torch.as_tensor(c).numel() > 1 or torch.as_tensor(d).numel() > 1
+        self.squash_reach[op] = {"mul": (CHANNEL if per_channel else SCALAR,
+                                         a > 0 and bool((torch.as_tensor(c) > 0).all())),
+                                 "add": (CHANNEL if per_channel else SCALAR, True)}
+        return names, [source]
+
+    def _read_only_by(self, op, source) -> bool:
+        """Whether every value between `source` and `op` is read by `op` or another of them alone."""
+        between = self._between(op, source)
+        return all(self.users.get(n, set()) <= between | {op} for n in between)
+
+    def _a_map(self, node) -> bool:
+        """Whether `node` is arithmetic by constants on one variable value of its own shape."""
+        reads = self._variables(node)
+        return bool(reads) and canonical(node) != [] and self._affine_in_one(node, reads) and \
+            reads[0].value.shape == node.value.shape
+
+    def _variables(self, node) -> list | None:
+        """What a recorded op reads that varies, or None for a value no op made (an input)."""
+        return [n for n in self.inputs[node] if n.variable] if node.target is not None and node in self.inputs else None
+
+    def _squash_continues(self, op) -> bool:
+        """Whether arithmetic by constants reads `op` and nothing else does: the map goes on."""
+        readers = self.users.get(op, set())
+        return len(readers) == 1 and self._a_map(next(iter(readers)))
 
     def _elementwise(self, op, node) -> str | None:
         target, source = self._sample(op), self._sample(node)
@@ -67,6 +160,54 @@ class _Recognisers:
             if close(f(node.value.float()), op.value):
                 return name
         return self._piecewise_linear(op, node)
+
+    def _times_a_function_of_it(self, op, node) -> str | None:
+        """The function f where a product `op` is u * f(u) of `node`'s u, however its factors
+        are grouped: an adversary wrote KernelBench L2 26's `y * hardswish(y)` as `y * y *
+        hardsigmoid(y)` (`mul hardsigmoid mul` against `hardswish mul`). u is one of the
+        product's factors and the others are made of it: `exp(x) sigmoid(x)` equals
+        `u softsign(u)` of u = exp(x), and is no function of exp(x) as written."""
+        factors = self._factors(op)
+        if node not in factors or not all(f is node or self._made_of(f, node) for f in factors):
+            return None
+        target, source = self._sample(op), self._sample(node)
+        if node not in self.images:
+            self._elementwise(op, node)
+        products = self.images[node] * source
+        scale = torch.maximum(products.abs().amax(dim=1), target.abs().max())
+        for hit in ((products - target).abs().amax(dim=1) <= 2e-4 * scale).nonzero().flatten().tolist():
+            name, f = ELEMENTWISE[hit]
+            image = f(node.value.float())
+            # a function that is the value itself here is none (a mish of large values, a relu
+            # of positive ones): `x * mish(x)` over log-sum-exps is the square it equals
+            if not close(image, node.value) and close(image * node.value.float(), op.value):
+                return name
+        return None
+
+    def _factors(self, op) -> list:
+        """The values a product of products multiplies, however grouped."""
+        factors, frontier = [], [op]
+        while frontier:
+            node = frontier.pop()
+            reads = self._variables(node)
+            if canonical(node) == ["mul"] and reads and len(reads) == 2 and node not in self.named:
+                frontier += reads
+            else:
+                factors.append(node)
+        return factors
+
+    def _made_of(self, node, source) -> bool:
+        """Whether `node` is computed from `source`."""
+        seen, frontier = set(), [node]
+        while frontier:
+            current = frontier.pop()
+            if current is source:
+                return True
+            if current in seen or current.target is None or current.index < source.index:
+                continue
+            seen.add(current)
+            frontier += self.inputs.get(current, [])
+        return False
 
     def _piecewise_linear(self, op, node) -> str | None:
         """relu, leaky relu and the clamps (hardtanh, relu6), however they are written."""
@@ -370,6 +511,33 @@ def _pool_settings(size, pooled):
                     if all((n + 2 * padding - span) // stride + 1 == m for n, m in zip(size, pooled)):
                         kinds = ("avg", "max") if dilation == 1 else ("max",)  # an average has no dilation
                         yield from ((kind, kernel, stride, padding, dilation) for kind in kinds)
+
+
+SQUASHES = {"sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
+def _squash_forms(written: str, inner: tuple, outer: tuple) -> list:
+    """[(names, (function, (a, b), (c, d)))] of c * f(a * u + b) + d as a sigmoid and as a tanh,
+    from the `written` one's maps: tanh(z) = 2 sigmoid(2z) - 1, sigmoid(z) = (1 + tanh(z / 2)) / 2."""
+    (a, b), (c, d) = inner, outer
+    if written == "tanh":
+        forms = {"tanh": ((a, b), (c, d)), "sigmoid": ((2 * a, 2 * b), (2 * c, d - c))}
+    else:
+        forms = {"sigmoid": ((a, b), (c, d)), "tanh": ((a / 2, b / 2), (c / 2, d + c / 2))}
+    return [(_affine_names(*maps[0], before=True) + (name,) + _affine_names(*maps[1]), (SQUASHES[name], *maps))
+            for name, maps in forms.items()]
+
+
+def _along_channels(fit: tuple, ndim: int) -> tuple:
+    """(a, b) fitted one per index of dimension 1, shaped to multiply a value of `ndim` dimensions."""
+    return tuple(t.reshape((1, -1) + (1,) * (ndim - 2)) for t in fit)
+
+
+def _affine_names(scale, shift, before: bool = False) -> tuple:
+    scale, shift = torch.as_tensor(scale), torch.as_tensor(shift)
+    scaled = bool((scale - 1).abs().max() > 1e-4)
+    shifted = bool(shift.abs().max() > 1e-4 * (1 + float(scale.abs().max())))
+    return ("mul",) * scaled + ("add",) * shifted
 
 
 def _positive_scale(bound: torch.Tensor, target: torch.Tensor) -> float | None:

@@ -334,6 +334,75 @@ def test_a_product_distributed_over_a_sum_reads_as_the_sum_times_the_shared_fact
     assert ops(original) == ops(written)
 
 
+def test_a_product_of_a_value_and_a_function_of_it_reads_alike_however_grouped():
+    # an adversary's L2 26: y * hardswish(y) as y * y * hardsigmoid(y)
+    gate = lambda x: torch.clamp(x + 3.0, 0.0, 6.0) / 6.0  # noqa: E731
+    assert ops(lambda x: x * F.hardswish(x)) == ops(lambda x: x * x * gate(x)) == ops(lambda x: x * (x * gate(x))) \
+        == ["hardswish", "mul"]
+
+
+SPLIT = nn.Conv2d(8, 4, 3, padding=1)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_convolution_split_over_its_input_channels_and_summed_reads_as_one(transposed):
+    # an adversary's L2 26: its ConvTranspose3d as two over the halves of its input's channels
+    conv, weight = (F.conv_transpose2d, torch.randn(8, 4, 3, 3)) if transposed else (F.conv2d, SPLIT.weight)
+    halves = weight[:4], weight[4:]
+    if not transposed:
+        halves = weight[:, :4], weight[:, 4:]
+    whole = lambda x: torch.tanh(conv(x, weight, SPLIT.bias, padding=1))  # noqa: E731
+    split = lambda x: torch.tanh(conv(x[:, :4], halves[0], SPLIT.bias, padding=1)  # noqa: E731
+                                 + conv(x[:, 4:], halves[1], None, padding=1))
+    assert torch.allclose(whole(X_IMAGE), split(X_IMAGE), atol=1e-5)
+    assert ops(split) == ops(whole)
+
+
+def test_two_convolutions_of_other_values_or_settings_stay_two():
+    assert ops(lambda x: F.conv2d(x[:, :4], SPLIT.weight[:, :4], padding=1) + F.conv2d(
+        x[:, :4] * 2, SPLIT.weight[:, 4:], padding=1)).count("convolution2d") == 2  # not the halves of one value
+    assert ops(lambda x: F.conv2d(x[:, :4], SPLIT.weight[:, :4], padding=1) + F.conv2d(
+        x[:, 4:], SPLIT.weight[:, 4:], padding=2, dilation=2)).count("convolution2d") == 2  # two settings
+
+
+@pytest.mark.parametrize("written", [
+    lambda t: torch.einsum("bchw,c->bhw", t, torch.ones(8)),  # an adversary's sum over L2 78's channels
+    lambda t: t.permute(0, 2, 3, 1) @ torch.ones(8),
+    lambda t: F.conv2d(t, torch.ones(1, 8, 1, 1))[:, 0],
+])
+def test_a_product_by_a_vector_of_ones_reads_as_the_sum_it_is(written):
+    assert ops(lambda x: written(torch.tanh(x))) == ops(lambda x: torch.tanh(x).sum(1)) == ["tanh", "sum"]
+    assert ops(lambda x: written(torch.tanh(x)) / 8) == ops(lambda x: torch.tanh(x).mean(1))
+
+
+def test_a_product_by_a_vector_that_is_not_uniform_is_a_product():
+    assert ops(lambda x: torch.einsum("bchw,c->bhw", torch.tanh(x), torch.arange(8.0))) == ["tanh", "mm"]
+
+
+@pytest.mark.parametrize("original, written", [
+    # adversaries' rewrites: KernelBench L2 70's `s * sigmoid(y)` as `s / 2 * (1 + tanh(y / 2))`,
+    # L2 82's `2 tanh(y) + b` as `4 sigmoid(2y) + (b - 2)` (session 33)
+    (lambda x: torch.sigmoid(x) * 1.5 + x, lambda x: 0.75 * (1 + torch.tanh(x / 2)) + x),
+    (lambda x: torch.tanh(x) * 2 + BIAS, lambda x: 4 * torch.sigmoid(2 * x) + (BIAS - 2)),
+    (lambda x: torch.sigmoid(x), lambda x: 0.5 + 0.5 * torch.tanh(0.5 * x)),
+    (lambda x: torch.tanh(x - 1.0) * 3, lambda x: 6 * torch.sigmoid(2 * x - 2) - 3),
+])
+def test_a_sigmoid_or_a_tanh_in_arithmetic_reads_as_the_one_with_fewer_maps(original, written):
+    assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-5)
+    assert ops(original) == ops(written)
+
+
+@pytest.mark.parametrize("body, reading", [
+    (lambda x: torch.tanh(x), ["tanh"]),
+    (lambda x: torch.sigmoid(x) * 3, ["sigmoid", "mul"]),
+    (lambda x: 0.5 + 0.5 * torch.tanh(x), ["mul", "sigmoid"]),  # sigmoid(2x): one map against two
+    (lambda x: torch.tanh(x) * x, ["tanh", "mul"]),  # a product of two values is no map
+    (lambda x: (t := torch.tanh(x)) * 0.5 + 0.5 + t.exp(), ["tanh", "mul", "add", "exp", "add"]),  # read again
+])
+def test_a_sigmoid_or_a_tanh_keeps_what_is_no_map_of_it(body, reading):
+    assert ops(body) == reading
+
+
 def test_a_sum_of_products_that_share_no_factor_or_whose_product_is_read_again_stays():
     assert ops(lambda x: x.exp() * torch.tanh(x) + torch.sigmoid(x) * torch.cos(x)) == \
         ["exp", "tanh", "mul", "sigmoid", "cos", "mul", "add"]
