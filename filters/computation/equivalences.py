@@ -10,6 +10,7 @@ import math
 import torch
 
 from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _merged_branches, _name, canonical,
+                                      convolution_names,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
                                       ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
@@ -365,12 +366,30 @@ def _join_split_convolutions(nodes: list, reads: dict, names: dict) -> None:
             continue
         if first.args[3:9] != second.args[3:9] or first.args[8] != 1:
             continue  # stride, padding, dilation, transposed, output padding, groups
-        images = [getattr(c.args[0], "value", None) for c in (first, second)]
-        source = _sliced_from(first.args[0], second.args[0])
-        if source is None or not all(isinstance(i, torch.Tensor) for i in images):
-            continue
-        if any(torch.equal(torch.cat(pair, 1), source.value) for pair in (images, images[::-1])):
+        if _joined_name(first, second, node) == names[first]:
             names[second], names[node], reads[node] = [], [], [first]
+
+
+def _joined_name(first, second, total) -> list | None:
+    """The name of the one convolution that two recorded ones over slices of one value are,
+    read from its joined weights (each half of a red team's pair read depthwise, and their sum
+    is not), or None where they are not the two halves of one value's channels."""
+    source = _sliced_from(first.args[0], second.args[0])
+    values = [getattr(n, "value", None) for n in (first.args[0], second.args[0], first.args[1], second.args[1])]
+    if source is None or not all(isinstance(v, torch.Tensor) for v in values):
+        return None
+    images, weights = values[:2], values[2:]
+    order = next((k for k, pair in enumerate((images, images[::-1])) if torch.equal(torch.cat(pair, 1), source.value)),
+                 None)
+    if order is None:
+        return None
+    transposed = bool(first.args[6])
+    try:  # a transposed convolution's weight holds its input channels first
+        weight = torch.cat(weights if order == 0 else weights[::-1], 0 if transposed else 1)
+    except RuntimeError:  # kernels of two shapes: a red team's (2, 1) and (1, 2) at stride 2
+        return None
+    stride, padding, dilation = first.args[3:6]
+    return convolution_names(source.value, weight, total.value, stride, padding, dilation, 1, True, transposed)
 
 
 def _sliced_from(a, b):

@@ -44,6 +44,7 @@ class _Recognisers:
 
     def _composite(self, op, window):
         along = None
+        factors = self._factors(op) if canonical(op) == ["mul"] else []
         for node in (n for n in window if n.value.shape == op.value.shape):
             name = self._elementwise(op, node)
             if name is None:
@@ -51,7 +52,7 @@ class _Recognisers:
                 name = next((name for name, test in along if test(node.value.float())), None)
             if name:
                 return (name,), [node]
-            if canonical(op) == ["mul"] and (name := self._times_a_function_of_it(op, node)):
+            if node in factors and (name := self._times_a_function_of_it(op, node, factors)):
                 return (name, "mul"), [node]
         # a maximum over windows is a pooling before it is a reduction of the windows' view
         return self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
@@ -161,15 +162,12 @@ class _Recognisers:
                 return name
         return self._piecewise_linear(op, node)
 
-    def _times_a_function_of_it(self, op, node) -> str | None:
+    def _times_a_function_of_it(self, op, node, factors: list) -> str | None:
         """The function f where a product `op` is u * f(u) of `node`'s u, however its factors
         are grouped: an adversary wrote KernelBench L2 26's `y * hardswish(y)` as `y * y *
         hardsigmoid(y)` (`mul hardsigmoid mul` against `hardswish mul`). u is one of the
         product's factors and the others are made of it: `exp(x) sigmoid(x)` equals
         `u softsign(u)` of u = exp(x), and is no function of exp(x) as written."""
-        factors = self._factors(op)
-        if node not in factors or not all(f is node or self._made_of(f, node) for f in factors):
-            return None
         target, source = self._sample(op), self._sample(node)
         if node not in self.images:
             self._elementwise(op, node)
@@ -180,17 +178,20 @@ class _Recognisers:
             image = f(node.value.float())
             # a function that is the value itself here is none (a mish of large values, a relu
             # of positive ones): `x * mish(x)` over log-sum-exps is the square it equals
-            if not close(image, node.value) and close(image * node.value.float(), op.value):
+            if not close(image, node.value) and close(image * node.value.float(), op.value) and \
+                    all(f is node or self._made_of(f, node) for f in factors):
                 return name
         return None
 
     def _factors(self, op) -> list:
-        """The values a product of products multiplies, however grouped."""
+        """The values a product of products multiplies, however grouped, WINDOW ops back at most
+        (a chain of 120 products, each asked for its factors, had taken 1.5 times as long to read)."""
         factors, frontier = [], [op]
         while frontier:
             node = frontier.pop()
             reads = self._variables(node)
-            if canonical(node) == ["mul"] and reads and len(reads) == 2 and node not in self.named:
+            if canonical(node) == ["mul"] and reads and len(reads) == 2 and node not in self.named \
+                    and node.index >= op.index - WINDOW:
                 frontier += reads
             else:
                 factors.append(node)
@@ -461,9 +462,11 @@ class _Recognisers:
                 x = node.value.float()
                 if x.shape[1] % w.shape[1]:
                     continue
+                groups = x.shape[1] // w.shape[1]
+                if w.shape[0] % groups:
+                    continue  # no grouped convolution of these (a red team's 6 of 8 channels raised here)
                 for stride, padding, dilation in _conv_settings(x, w, target):
                     self._tested()
-                    groups = x.shape[1] // w.shape[1]
                     if groups == 1 and not close(F.conv2d(x[:1], w[:1], None, stride, padding, dilation),
                                                  target[:1, :1] - (target[:1, :1] - F.conv2d(
                                                      x[:1], w[:1], None, stride, padding, dilation)).mean(), 1e-3):

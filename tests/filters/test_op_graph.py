@@ -365,6 +365,26 @@ def test_two_convolutions_of_other_values_or_settings_stay_two():
         x[:, 4:], SPLIT.weight[:, 4:], padding=2, dilation=2)).count("convolution2d") == 2  # two settings
 
 
+def test_two_convolutions_over_channel_halves_read_as_what_their_joined_weights_are():
+    """A red team's pairs (session 33): two depthwise halves whose sum reads two channels per
+    output (c and c + 4), and kernels (2, 1) and (1, 2) at stride 2, read as one depthwise
+    convolution and one (2, 1) convolution."""
+    diagonal = torch.randn(4, 4, 3, 3) * torch.eye(4)[:, :, None, None]
+    halves = ops(lambda x: torch.relu(F.conv2d(x[:, :4], diagonal, padding=1) + F.conv2d(x[:, 4:], diagonal, padding=1)))
+    assert halves != ops(lambda x: torch.relu(F.conv2d(x, torch.randn(8, 1, 3, 3), padding=1, groups=8)))
+    columns, rows = torch.randn(6, 4, 2, 1), torch.randn(6, 4, 1, 2)
+    shapes = ops(lambda x: torch.relu(F.conv2d(x[:, :4], columns, stride=2) + F.conv2d(x[:, 4:], rows, stride=2)),
+                 shape=(4, 8, 6, 6))
+    assert shapes.count("relu") == 1 and len([n for n in shapes if n.startswith("convolution")]) == 2, shapes
+
+
+def test_a_convolution_of_some_channels_beside_another_of_the_rest_reads():
+    # 6 of 8 channels and the other 2: no grouped convolution of the whole (raised at 3c86517)
+    reading = ops(lambda x: F.conv2d(x[:, :6], torch.randn(6, 6, 3, 3), padding=1) +
+                  F.conv2d(x[:, 6:], torch.randn(6, 2, 3, 3), padding=1))
+    assert reading == ["convolution2d"], reading
+
+
 @pytest.mark.parametrize("written", [
     lambda t: torch.einsum("bchw,c->bhw", t, torch.ones(8)),  # an adversary's sum over L2 78's channels
     lambda t: t.permute(0, 2, 3, 1) @ torch.ones(8),
