@@ -68,14 +68,11 @@ class _Recognisers:
         if name and name[-1] != "mm":
             return None
         target = op.value.float()
-        for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1) and n.value.dim() > 1):
+        for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1)):
             source = node.value.float()
-            for dim in range(1, source.dim()):
-                keep = source.dim() == target.dim()
-                reduced = list(source.shape)
-                reduced[dim:dim + 1] = [1] if keep else []
-                if tuple(reduced) != tuple(target.shape) or source.shape[dim] < 2:
-                    continue
+            for dim, keep in _reduced_to(source, target):
+                if dim == 0:
+                    continue  # not the batch
                 self._tested()
                 summed = source.sum(dim, keepdim=keep)
                 scale = float((summed * target).sum() / (summed * summed).sum().clamp_min(1e-30))
@@ -106,16 +103,17 @@ class _Recognisers:
             chain.append(self._variables(chain[-1])[0])
         # the earliest value the argument is a map of by scalars (a bias per feature is no scalar)
         # whose maps nothing else reads: folding in a value read elsewhere would hide it
-        source, inner = next(((node, fit) for node in reversed(chain[1:])
-                              if self._read_only_by(op, node)
-                              and (fit := _affine_coefficients(node.value.float(), chain[0].value.float(), None))),
-                             (chain[0], (torch.ones(1), torch.zeros(1))))
-        if not self._read_only_by(op, source):
+        for source in [*reversed(chain[1:]), chain[0]]:
+            inner = (torch.ones(1), torch.zeros(1)) if source is chain[0] else \
+                _affine_coefficients(source.value.float(), chain[0].value.float(), None)
+            if inner is not None and self._read_only_by(op, source):
+                break
+        else:
             return None
         outer = next((_along_channels(fit, op.value.dim()) if dim else fit
                       for dim in ((None, 1) if op.value.dim() >= 2 else (None,))
                       if (fit := _affine_coefficients(squash.value.float(), op.value.float(), dim)) is not None), None)
-        if inner is None or outer is None or inner[0].numel() != 1:
+        if outer is None:
             return None
         written = canonical(squash)[0]
         forms = _squash_forms(written, (float(inner[0]), float(inner[1])), outer)
@@ -251,8 +249,7 @@ class _Recognisers:
     def _scaled_by_its_reader(self, op) -> bool:
         readers = self.users.get(op, set())
         reader = next(iter(readers)) if len(readers) == 1 else None
-        return reader is not None and _name(reader) in ("mul", "div", "true_divide") and \
-            [n for n in self.inputs[reader] if n.variable] == [op]
+        return reader is not None and _name(reader) in ("mul", "div", "true_divide") and self._variables(reader) == [op]
 
     def _written_bound_ends(self, op) -> list | None:
         """The values a bound written through `abs`, `relu` or `where` could be of: what the
@@ -266,7 +263,7 @@ class _Recognisers:
             walked.add(node)
             for read in self.inputs[node]:
                 if read.target is not None and read.variable and depth < BOUND_DEPTH \
-                        and _name(read) in BOUND_SPELLINGS | {"add", "sub", "mul", "div", "neg", "gt", "lt", "ge", "le"}:
+                        and _name(read) in BOUND_WALKED:
                     frontier.append((read, depth + 1))
                 elif read.variable and read.value.shape == op.value.shape and read.value.is_floating_point():
                     ends.append(read)
@@ -281,12 +278,7 @@ class _Recognisers:
         target = op.value.float()
         for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1)):
             source = node.value.float()
-            for dim in range(source.dim()):
-                keep = source.dim() == target.dim()
-                reduced = list(source.shape)
-                reduced[dim:dim + 1] = [1] if keep else []
-                if tuple(reduced) != tuple(target.shape) or source.shape[dim] < 2:
-                    continue
+            for dim, keep in _reduced_to(source, target):
                 for name, reduce in reductions:
                     if (not _apart(*_end_fibres_reduced(source, target, dim, reduce))
                             and close(reduce(source, dim, keepdim=keep), target)
@@ -486,6 +478,7 @@ POOL_ENDS = frozenset({"sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"}) 
 FLAT_POOL_ENDS = frozenset({"sum", "max", "maximum"})  # amax, max, sum and mean of a (rows, windows, width) view,
 # and torch.maximum of its slices
 BOUND_SPELLINGS = frozenset({"abs", "relu", "where"})  # what a maximum or minimum of two is written through
+BOUND_WALKED = BOUND_SPELLINGS | {"add", "sub", "mul", "div", "neg", "gt", "lt", "ge", "le"}  # and the arithmetic about them
 BOUND_DEPTH = 4  # ops back from a written bound to the values it bounds: (u + v + |u - v|) / 2 is 4 deep
 BOUND_ENDS = 6  # values a written bound may be of: two, and what else those few ops read
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
@@ -527,7 +520,7 @@ def _squash_forms(written: str, inner: tuple, outer: tuple) -> list:
         forms = {"tanh": ((a, b), (c, d)), "sigmoid": ((2 * a, 2 * b), (2 * c, d - c))}
     else:
         forms = {"sigmoid": ((a, b), (c, d)), "tanh": ((a / 2, b / 2), (c / 2, d + c / 2))}
-    return [(_affine_names(*maps[0], before=True) + (name,) + _affine_names(*maps[1]), (SQUASHES[name], *maps))
+    return [(_affine_names(*maps[0]) + (name,) + _affine_names(*maps[1]), (SQUASHES[name], *maps))
             for name, maps in forms.items()]
 
 
@@ -536,7 +529,7 @@ def _along_channels(fit: tuple, ndim: int) -> tuple:
     return tuple(t.reshape((1, -1) + (1,) * (ndim - 2)) for t in fit)
 
 
-def _affine_names(scale, shift, before: bool = False) -> tuple:
+def _affine_names(scale, shift) -> tuple:
     scale, shift = torch.as_tensor(scale), torch.as_tensor(shift)
     scaled = bool((scale - 1).abs().max() > 1e-4)
     shifted = bool(shift.abs().max() > 1e-4 * (1 + float(scale.abs().max())))
@@ -706,6 +699,17 @@ def affine_reach(source: torch.Tensor, target: torch.Tensor) -> tuple | None:
 
 REDUCTIONS = (("logsumexp", torch.logsumexp), ("max", torch.amax), ("min", torch.amin))
 SIGNS_AND_MAXIMA = frozenset({"neg", "mul", "amax", "amin", "max", "min"})
+
+
+def _reduced_to(source: torch.Tensor, target: torch.Tensor):
+    """(dim, keepdim) for each dimension of `source`, 2 long at least, whose reduction has
+    `target`'s shape."""
+    keep = source.dim() == target.dim()
+    for dim in range(source.dim()):
+        reduced = list(source.shape)
+        reduced[dim:dim + 1] = [1] if keep else []
+        if tuple(reduced) == tuple(target.shape) and source.shape[dim] >= 2:
+            yield dim, keep
 
 
 def _end_fibres_reduced(source: torch.Tensor, target: torch.Tensor, dim: int,
