@@ -30,6 +30,9 @@ REPORT_SCHEMA = pa.schema([("source", pa.string()), ("max_similarity", pa.float6
                            ("duplicate_of", pa.string()), ("traced", pa.bool_()), ("kept", pa.bool_())])
 TRACE_BATCH = 32  # tasks a child traces: a few seconds of work, well inside the trace's time limit
 PROGRESS_S = 10.0  # how often a long trace logs how far it is
+# A batch whose child died is batched again without the task it was tracing (that one goes to
+# a child of its own) at most this many times over; past it, what is left goes one per child.
+QUARANTINES = 4
 
 
 def dedupe_report(tasks: str, against: str, levels: tuple[int, ...], threshold: float, dedupe_threshold: float,
@@ -93,10 +96,12 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
     static check are traced `batch` to a child (the others, alone). A task still tracing
     after `task_limit_s` (a trace's limit alone) is stopped and untraced, as alone, and not
     cached (a timeout may be the machine's); the rest of its batch, like what a batch leaves
-    when it runs out of time, is batched again. What a batch leaves after a task changed its
-    process, or all of it when it failed, is traced one task per child. (Halving a failed
-    batch until its culprit is alone measured half as fast on 2 cores: the culprit fails each
-    half again, BENCHMARKS.md, the reference trace.) Each job that ends sends what it leaves
+    when it runs out of time, is batched again. A batch whose child died (its memory limit, a
+    C call past its time) names the task it was tracing: that task is traced alone and the
+    rest batched again, up to QUARANTINES times. What a batch leaves after a task changed its
+    process, or when it failed with no task named, is traced one task per child. (Halving a
+    failed batch until its culprit is alone measured half as fast on 2 cores: the culprit
+    fails each half again, BENCHMARKS.md, the reference trace.) Each job that ends sends what it leaves
     to the pool at once, so no worker waits for a round's slowest batch; how far the trace is
     gets logged every PROGRESS_S."""
     store = JsonStore(Path(cache_dir) / "op_graphs")
@@ -108,20 +113,20 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
     log.info("tracing %d tasks, %d a child on %d workers (%d cached)", len(missing), batch, len(pool.workers),
              len(found) - len(missing))
 
-    def batched(part: list[str]) -> Future:
+    def batched(part: list[str], quarantined: int = 0) -> Future:
         job = {"code": "", "config": {"trace_batch": part, "task_limit_s": task_limit_s}}
-        return pool.submit(job, then=lambda result: (True, part, result))
+        return pool.submit(job, then=lambda result: (True, part, result, quarantined))
 
     def alone(code: str) -> Future:
-        return pool.submit(trace_job(code), then=lambda result: (False, [code], result))
+        return pool.submit(trace_job(code), then=lambda result: (False, [code], result, 0))
 
     running = {*map(batched, _chunks(pending, batch)), *map(alone, refused)}
     began = logged = time.monotonic()
-    one_per_child, stopped = len(refused), 0
+    one_per_child, stopped, quarantined_in_all = len(refused), 0, 0
     while running:
         ended, running = wait(running, return_when=FIRST_COMPLETED)
         for future in ended:
-            was_batch, part, result = future.result()
+            was_batch, part, result, quarantined = future.result()
             if not was_batch:
                 found[part[0]] = stored_reading(store, graph_key(part[0]), result)
                 continue
@@ -134,6 +139,14 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
             if timed_out is not None:
                 found[part[timed_out]] = {"op_graph": None, "partial": False}  # untraced, as alone, and not cached
                 stopped += 1
+            culprit = _died_tracing(part, result) if quarantined < QUARANTINES else None
+            if culprit is not None:
+                log.info("a batch of %d died tracing one task (%s: %s): that task goes to a child of its own, the "
+                         "other %d to a batch again", len(part), result["reason"], result["detail"][:200], len(part) - 1)
+                rest = part[:culprit] + part[culprit + 1:]
+                running |= {alone(part[culprit]), *([batched(rest, quarantined + 1)] if rest else [])}
+                quarantined_in_all += 1
+                continue
             again, lone = _left_by(part, done, result, timed_out)
             running |= {*map(batched, _chunks(again, batch)), *map(alone, lone)}
             one_per_child += len(lone)
@@ -144,6 +157,8 @@ def readings_in_batches(codes: list[str], pool, cache_dir: str | Path, batch: in
     if one_per_child:
         log.info("%d tasks traced one per child (left by a batch that failed or that a task changed, or refused "
                  "sharing by the grammar)", one_per_child)
+    if quarantined_in_all:
+        log.info("%d tasks traced alone after their batch's child died tracing them", quarantined_in_all)
     if stopped:
         log.info("%d tasks ran out of a trace's %.0f s in their batch: untraced", stopped, task_limit_s)
     log.info("traced %d tasks in %.0f s", len(missing), time.monotonic() - began)
@@ -154,6 +169,13 @@ def _timed_out(part: list[str], done: int, result: dict) -> int | None:
     """The index in `part` of the task a batch stopped for running out of its time, or None."""
     index = result["metrics"].get("timed_out") if result["passed"] else None
     return index if isinstance(index, int) and not isinstance(index, bool) and done <= index < len(part) else None
+
+
+def _died_tracing(part: list[str], result: dict) -> int | None:
+    """The index in `part` of the task a failed batch's child was tracing when it died, or
+    None (it passed, or died between tasks, in its own checks)."""
+    index = None if result["passed"] else result["metrics"].get("under_way")
+    return index if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(part) else None
 
 
 def _left_by(part: list[str], done: int, result: dict, timed_out: int | None) -> tuple[list[str], list[str]]:

@@ -74,7 +74,7 @@ def batch_limit_s(task_limit_s: float) -> float:
     return BATCH_BUDGET_S + task_limit_s + END_CHECKS_S
 
 
-def trace_batch(codes: list[str], task_limit_s: float) -> dict:
+def trace_batch(codes: list[str], task_limit_s: float, under_way=lambda index: None) -> dict:
     """{"traced": k, "steered": bool, "op_graph_0": ..., ..., "op_graph_{k-1}": ...}: the
     traces of the first k tasks, which no earlier task of the batch can have steered, and
     `partial_i` where the i-th is a partial reading (harness.Reading). k is
@@ -83,19 +83,23 @@ def trace_batch(codes: list[str], task_limit_s: float) -> dict:
     untraced, as it would be alone, and the rest may be batched again), or when the batch used
     its time or its answer's room (the rest may be batched again). (A slow network had run the
     child out of its time and cost every trace of its batch: 45 of the 250 KernelBench tasks
-    of a CPU build were traced one per child after it.)"""
+    of a CPU build were traced one per child after it.) `under_way(i)` is told the index of
+    each task as its trace starts, and -1 when it ends: where the child dies (its memory, a C
+    call no alarm stops), its parent traces that task alone and batches the rest again."""
     began = time.monotonic()
     sentinel, before, whole = trace(WARM_UP_TASK), process_state(), torch_state()
     room = memory_in_use()
     readings, trusted, steered, moved, timed_out, held = [], 0, False, [], None, False
     with _alarm() as alarm, _collected_apart():
         for i, code in enumerate(codes):
+            under_way(i)
             try:
                 with alarm.armed(task_limit_s):
                     readings.append(read(code, untrusted=False))  # batches trace the reference and `dedupe`'s tasks
             except OutOfTime:
                 timed_out = i
-            held = holds_memory(room)
+            held = holds_memory(room)  # collecting its garbage is still the task's
+            under_way(-1)
             over = time.monotonic() - began > BATCH_BUDGET_S
             if timed_out is not None or held or (i + 1) % CHECK_EVERY == 0 or i + 1 == len(codes) or over:
                 now = process_state()

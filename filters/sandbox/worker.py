@@ -49,6 +49,11 @@ MAX_RESULT_BYTES = 1 << 20
 TRACE_LIMIT_S = 20
 MAX_DETAIL = 500
 POLL_S = 0.1
+# What a job's child writes where its parent reads it while it runs (one mmap of SHARED_BYTES):
+# at 0, the seconds it waited at the GPU gate; at 8, the index + 1 of the task of a batch it is
+# tracing (0: none), so that a batch that dies names the one task to trace alone.
+SHARED_BYTES = 16
+GATE_WAIT, UNDER_WAY = "d", "q"
 EXIT_GRACE_S = 5  # a child that closed its pipe has this long to exit
 ZYGOTE_DIR = "/tmp/zygote"
 JAILED = False  # set by main(): whether this zygote runs in a PID namespace of the jail's own
@@ -292,15 +297,18 @@ def _beyond_clock(metrics: dict, cfg: dict) -> str | None:
 def _in_child(job: dict, options: dict, reasons, body) -> dict:
     workdir = tempfile.mkdtemp(prefix="job-", dir="/tmp")
     read_fd, write_fd = os.pipe()
-    gate_wait = mmap.mmap(-1, 8)  # shared with the child: the seconds it waited at the GPU gate
+    shared = mmap.mmap(-1, SHARED_BYTES)
     child = os.fork()
     if child == 0:
-        body(job, options, workdir, write_fd, gate_wait)  # never returns
+        body(job, options, workdir, write_fd, shared)  # never returns
     os.close(write_fd)
     began = time.monotonic()
     try:
-        outcome = _await_child(child, read_fd, options, reasons, gate_wait)
+        outcome = _await_child(child, read_fd, options, reasons, shared)
         outcome["metrics"]["job_wall_ms"] = (time.monotonic() - began) * 1e3  # the zygote's own clock
+        under_way = struct.unpack_from(UNDER_WAY, shared, 8)[0] - 1
+        if not outcome["passed"] and under_way >= 0:
+            outcome["metrics"]["under_way"] = under_way
     finally:
         os.close(read_fd)
         _end(child)
@@ -309,14 +317,14 @@ def _in_child(job: dict, options: dict, reasons, body) -> dict:
     return outcome
 
 
-def _await_child(child: int, read_fd: int, options: dict, reasons, gate_wait: mmap.mmap) -> dict:
+def _await_child(child: int, read_fd: int, options: dict, reasons, shared: mmap.mmap) -> dict:
     """The child's result. Its time limit counts its own work: the time it reports waiting
     at the GPU gate is added, up to the limit itself (a child that lies gains at most that)."""
     started, limit = time.monotonic(), options["timeout_s"]
     rss_limit = options.get("rss_limit_gb")
     data = bytearray()
     while True:
-        reported = struct.unpack_from("d", gate_wait)[0]
+        reported = struct.unpack_from(GATE_WAIT, shared, 0)[0]
         # a NaN compares false with everything: taken as it is, the deadline was NaN and never came
         waited = min(max(reported, 0.0), limit) if math.isfinite(reported) else limit
         deadline = started + limit + waited
@@ -442,20 +450,20 @@ def _status_kb(pid: int, field: str) -> int:
 
 # -- the child -----------------------------------------------------------------------------
 
-def _child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
+def _child(job: dict, options: dict, workdir: str, write_fd: int, shared: mmap.mmap) -> None:
     def checks() -> dict:
         from filters.checks.measure import execution
-        execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
+        execution.report_gate_wait = lambda waited_s: struct.pack_into(GATE_WAIT, shared, 0, waited_s)
         return _evaluate(job, options)
     _run_in_child(checks, options, workdir, write_fd)
 
 
-def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
+def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, shared: mmap.mmap) -> None:
     def traced() -> dict:
         from filters.checks.measure import execution
         from filters.checks.registry import DEFAULTS
         from filters.checks.harness import read
-        execution.report_gate_wait = lambda waited_s: struct.pack_into("d", gate_wait, 0, waited_s)
+        execution.report_gate_wait = lambda waited_s: struct.pack_into(GATE_WAIT, shared, 0, waited_s)
         sys.addaudithook(_refuse_escapes(workdir))
         cfg = {**DEFAULTS, **job["config"]}
         checks = _checks_device(cfg, options, cfg["gpu_alone"])
@@ -474,11 +482,12 @@ def _checks_device(cfg: dict, options: dict, alone: bool):
                         None if alone else _checks_device(cfg, options, True))
 
 
-def _trace_batch_child(job: dict, options: dict, workdir: str, write_fd: int, gate_wait: mmap.mmap) -> None:
+def _trace_batch_child(job: dict, options: dict, workdir: str, write_fd: int, shared: mmap.mmap) -> None:
     def traced() -> dict:
         from filters.sandbox.trace_batch import trace_batch
         sys.addaudithook(_refuse_escapes(workdir))
-        return accepted(trace_batch(job["config"]["trace_batch"], _task_limit_s(job)))
+        under_way = lambda index: struct.pack_into(UNDER_WAY, shared, 8, index + 1)  # noqa: E731
+        return accepted(trace_batch(job["config"]["trace_batch"], _task_limit_s(job), under_way))
     _run_in_child(traced, options, workdir, write_fd)
 
 

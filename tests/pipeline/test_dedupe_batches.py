@@ -5,9 +5,10 @@ import logging
 import re
 from pathlib import Path
 
+from filters.sandbox.pool import WorkerPool
 from filters.similarity.reference import trace_all
 from pipeline.dedupe import readings_in_batches, trace_in_batches
-from tests.conftest import make_task
+from tests.conftest import make_task, sandbox_options
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference"
 
@@ -46,6 +47,24 @@ def test_a_task_that_runs_out_of_its_time_in_a_batch_is_untraced_and_costs_the_o
     assert batched[:2] + batched[3:] == trace_all(codes[:2] + codes[3:], pool, tmp_path / "alone")
     assert "1 tasks ran out" in caplog.text and "one per child" not in caplog.text and "a batch of" not in caplog.text
     assert readings_in_batches([slow], pool, tmp_path)[0]["op_graph"] == "relu mul"  # not cached: alone, 20 s
+
+
+def test_a_batch_whose_child_dies_tracing_a_task_traces_that_task_alone_and_batches_the_rest(pool, cache_dir,
+                                                                                             tmp_path, caplog):
+    """A child killed for its memory while tracing one task (on the H100, a KernelBench L3
+    network took a batch's child past 8 GB, and its 31 companions went one per child) names
+    that task through the memory it shares with its parent: the task goes alone, the others
+    to a batch again."""
+    hog = make_task("return x + self.w.sum()", init="self.w = torch.ones(3 << 28)")  # 3 GiB resident
+    codes = distinct_tasks(5)
+    codes.insert(2, hog)
+    options = sandbox_options(cache_dir, memory_guard="rss", max_memory_gb=1.5, warm_up=False)
+    with WorkerPool(1, options) as guarded, caplog.at_level(logging.INFO, logger="pipeline.dedupe"):
+        graphs = [entry["op_graph"] for entry in readings_in_batches(codes, guarded, tmp_path)]
+    assert graphs[2] is None
+    assert graphs[:2] + graphs[3:] == trace_all(codes[:2] + codes[3:], pool, tmp_path / "alone")
+    assert "1 tasks traced alone after their batch's child died" in caplog.text
+    assert "one per child" not in caplog.text
 
 
 def test_a_task_that_rebinds_torch_steers_no_later_task_of_its_batch(pool, tmp_path):
