@@ -155,6 +155,7 @@ class _Equivalences(_Unspelled, _Recognisers):
             padded_by_convolutions(nodes, lambda n: reads[n])
         names = {node: self.names(node) for node in nodes if node not in unspelled}
         _join_split_convolutions([node for node in nodes if node in names], reads, names)
+        _join_grouped_halves([node for node in nodes if node in names], reads, names)
         _factor_shared_products([node for node in nodes if node in names], reads, names, set(self._makers(outputs)))
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
@@ -370,6 +371,53 @@ def _join_split_convolutions(nodes: list, reads: dict, names: dict) -> None:
             names[second], names[node], reads[node] = [], [], [first]
 
 
+def _join_grouped_halves(nodes: list, reads: dict, names: dict) -> None:
+    """The two halves of a convolution of two groups' outputs, added, are one convolution of
+    the whole value, by each group's weights side by side (`names` and `reads` edited in
+    place): a red team's evasion (session 33) of a Conv2d, `convolution2d add` against one."""
+    users = _users(nodes, reads)
+    for node in nodes:
+        if names[node] != ["add"] or len(reads[node]) != 2:
+            continue
+        halves = reads[node]
+        sources = {_slice_source(half) for half in halves}
+        conv = sources.pop() if len(sources) == 1 else None
+        if conv is None or _name(conv) != "convolution" or len(conv.args) < 9 or conv.args[8] != 2 or conv.args[6] \
+                or sorted(users.get(conv, []), key=id) != sorted(halves, key=id) or conv not in names:
+            continue
+        weight, out = conv.args[1].value if isinstance(conv.args[1], _Op) else None, conv.value
+        if not isinstance(weight, torch.Tensor) or out.shape[1] % 2 or \
+                not any(torch.equal(torch.cat([a.value, b.value], 1), out) for a, b in (halves, halves[::-1])):
+            continue
+        joined = torch.cat(weight.chunk(2, 0), 1)  # each group's outputs, now reading every input channel
+        stride, padding, dilation = conv.args[3:6]
+        image = conv.args[0].value if isinstance(conv.args[0], _Op) else None
+        if not isinstance(image, torch.Tensor) or not close(torch.ops.aten.convolution.default(
+                image, joined, None, stride, padding, dilation, False, conv.args[7], 1).float(),
+                node.value.float() - _halves_bias(conv)):
+            continue
+        names[conv] = convolution_names(image, joined, node.value, stride, padding, dilation, 1, True, False)
+        names[node], reads[node] = [], [conv]
+        for half in halves:
+            names[half] = []
+
+
+def _slice_source(node):
+    """What a slice, narrow or select node reads (itself for any other node)."""
+    if _name(node) in ("slice", "narrow") and node.args and isinstance(node.args[0], _Op):
+        return node.args[0]
+    return node
+
+
+def _halves_bias(conv) -> torch.Tensor | float:
+    """The bias a grouped convolution's two output halves, added, carry: its halves' sum."""
+    bias = conv.args[2].value if isinstance(conv.args[2], _Op) else None
+    if not isinstance(bias, torch.Tensor):
+        return 0.0
+    summed = sum(bias.float().chunk(2))
+    return summed.reshape(1, -1, *[1] * (conv.value.dim() - 2))
+
+
 def _joined_name(first, second, total) -> list | None:
     """The name of the one convolution that two recorded ones over slices of one value are,
     read from its joined weights (each half of a red team's pair read depthwise, and their sum
@@ -378,7 +426,9 @@ def _joined_name(first, second, total) -> list | None:
     values = [getattr(n, "value", None) for n in (first.args[0], second.args[0], first.args[1], second.args[1])]
     if source is None or not all(isinstance(v, torch.Tensor) for v in values):
         return None
-    images, weights = values[:2], values[2:]
+    images, weights = (_parts_read(first, second) if first.args[0] is second.args[0] else values[:2]), values[2:]
+    if images is None:
+        return None
     order = next((k for k, pair in enumerate((images, images[::-1])) if torch.equal(torch.cat(pair, 1), source.value)),
                  None)
     if order is None:
@@ -390,6 +440,25 @@ def _joined_name(first, second, total) -> list | None:
         return None
     stride, padding, dilation = first.args[3:6]
     return convolution_names(source.value, weight, total.value, stride, padding, dilation, 1, True, transposed)
+
+
+def _parts_read(first, second) -> list | None:
+    """The two parts of one op of several outputs (`x.chunk(2, 1)`, `x.split(4, 1)`: recorded
+    once, its first output its value) that two convolutions read, found by computing each
+    convolution again from each part; None where it has not two or they do not fit."""
+    split = first.args[0]
+    parts = split.target(*[arg.value if isinstance(arg, _Op) else arg for arg in split.args])
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2:
+        return None
+    for order in (parts, parts[::-1]):
+        try:
+            if all(close(torch.ops.aten.convolution.default(
+                    part, *[arg.value if isinstance(arg, _Op) else arg for arg in conv.args[1:9]]), conv.value)
+                   for part, conv in zip(order, (first, second))):
+                return list(order)
+        except RuntimeError:  # a part of other channels than the weight's
+            continue
+    return None
 
 
 def _sliced_from(a, b):

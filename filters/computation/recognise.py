@@ -27,6 +27,18 @@ ELEMENTWISE = (
 CONTRACTION_ENDS = frozenset({"add", "sum", "mul", "cat"})  # what a GEMM written out ends in
 
 
+def _meets_every_tap(conv) -> bool:
+    """Whether every tap of a recorded convolution meets every position of its input: a
+    transposed one with no padding, or one of stride 1 padded by its whole (dilated) kernel."""
+    weight, stride, padding, dilation, transposed = conv.args[1], *conv.args[3:7]
+    kernel = getattr(weight, "value", None)
+    if not isinstance(kernel, torch.Tensor):
+        return False
+    if transposed:
+        return not any(padding)
+    return all(s == 1 for s in stride) and all(p == d * (k - 1) for p, d, k in zip(padding, dilation, kernel.shape[2:]))
+
+
 class TraceTooLong(ValueError):
     """A reading with more to compare than a trace has time for (the task is untraced)."""
 
@@ -55,19 +67,56 @@ class _Recognisers:
             if node in factors and (name := self._times_a_function_of_it(op, node, factors)):
                 return (name, "mul"), [node]
         # a maximum over windows is a pooling before it is a reduction of the windows' view
-        return self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
-            self._reduction(op, window, REDUCTIONS[1:]) or self._bound_of_two(op, window) or self._squash(op) or \
+        # and two values stacked and reduced are their maximum before a reduction of the stack
+        return self._sum_of_a_full_convolution(op) or self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
+            self._bound_of_two(op, window) or self._reduction(op, window, REDUCTIONS[1:]) or self._squash(op) or \
             self._sum_by_a_constant(op, window)
+
+    def _sum_of_a_full_convolution(self, op):
+        """`op` sums (or averages) a convolution over all its positions, where every tap meets
+        every position of the input (a transposed convolution with no padding, or one of stride 1
+        padded by its whole kernel): that is the input's sum over its positions times the sum of
+        each kernel's taps, a matrix product. Read `sum mm`, from the input (an adversary wrote
+        KernelBench L2 42's ConvTranspose2d and global average pooling as `x.sum((2, 3)) @
+        w.sum((2, 3)) / area`, `sum mm mul` against `convolution2d sum mul`)."""
+        name, conv = canonical(op), self._variables(op)
+        if not name or name[0] != "sum" or not set(name[1:]) <= {"mul"} or not conv or len(conv) != 1 or _name(conv[0]) != "convolution" \
+                or len(conv[0].args) < 9 or self.users.get(conv[0]) != {op} or not _meets_every_tap(conv[0]):
+            return None
+        conv = conv[0]
+        image = conv.args[0]
+        positions = tuple(range(2, conv.value.dim()))
+        if not (isinstance(image, type(conv)) and image.variable and positions
+                and op.value.numel() == conv.value.shape[0] * conv.value.shape[1]):
+            return None
+        summed, target = conv.value.float().sum(positions), op.value.float().reshape(-1)
+        scale = float((summed.reshape(-1) * target).sum() / summed.square().sum().clamp_min(1e-30))
+        if not close(scale * summed.reshape(-1), target):
+            return None  # not its sum (or mean) over every position
+        # the input's whole sum at one position, at either end: the same sum where every tap meets every position
+        settings = [arg.value if isinstance(arg, type(conv)) else arg for arg in conv.args[1:9]]
+        for corner in (0, -1):
+            moved = torch.zeros_like(image.value)
+            moved[(..., *[corner] * len(positions))] = image.value.sum(positions)
+            if not close(torch.ops.aten.convolution.default(moved, *settings).float().sum(positions), summed):
+                return None
+        # its bias, summed, is an `add`, and the mean's scale a `mul`: an affine tail, in the order maps are
+        tail = set(name[1:]) | ({"add"} if isinstance(conv.args[2], type(conv)) else set())
+        return ("sum", "mm", *(step for step in ("mul", "add") if step in tail)), [image]
 
     def _sum_by_a_constant(self, op, window):
         """`op` is c times the sum of an earlier value along one of its dimensions (not the
         batch), written as a product by a vector of c's: an einsum or a matmul with a ones
         vector, a 1x1 convolution of ones. Read `sum`, and `mul` where c is no 1 (an adversary
-        summed KernelBench L2 78's channels with `einsum(..., ones)`: `mm` against `sum`)."""
+        summed KernelBench L2 78's channels with `einsum(..., ones)`: `mm` against `sum`). A
+        matrix of equal columns of c's makes the sum once per column (`x @ ones(K, 2)`): the
+        same sum, repeated."""
         name = canonical(op)
         if name and name[-1] != "mm":
             return None
         target = op.value.float()
+        if target.dim() > 1 and target.shape[-1] > 1 and close(target, target[..., :1].expand_as(target)):
+            target = target[..., :1]
         for node in (n for n in window if n.value.dim() in (target.dim(), target.dim() + 1)):
             source = node.value.float()
             for dim, keep in _reduced_to(source, target):
@@ -226,8 +275,8 @@ class _Recognisers:
 
     def _bound_of_two(self, op, window):
         """`op` is the maximum or minimum of two earlier values, up to a positive scale, written
-        through arithmetic: (u + v + |u - v|) / 2, relu(u - v) + v, where(u > v, u, v) (an
-        adversary wrote KernelBench L2 55's max pooling of two features, then a sum, as half
+        through arithmetic: (u + v + |u - v|) / 2, relu(u - v) + v, where(u > v, u, v), or the two
+        stacked and reduced (`stack([u, v]).amax(0)`, `.sort(0).values[0]`) (an adversary wrote KernelBench L2 55's max pooling of two features, then a sum, as half
         the sum of `a + b + |a - b|`). Read `maximum` or `minimum` of the two, or the pooling
         it is where they are a value's windows; a scale other than 1 is a `mul` after it."""
         ends = self._written_bound_ends(op)
@@ -235,6 +284,8 @@ class _Recognisers:
             return None
         target = op.value.float()
         for u, v in itertools.combinations(ends, 2):
+            if self._same(u, v):
+                continue  # a bound of a value and itself is no bound (`sign(y) * |y|`, F.lp_pool's, is y)
             for name, bound in (("maximum", torch.maximum), ("minimum", torch.minimum)):
                 scale = _positive_scale(bound(self._sample(u), self._sample(v)), self._sample(op))
                 if scale is None or not close(scale * bound(u.value.float(), v.value.float()), target):
@@ -269,7 +320,10 @@ class _Recognisers:
                     ends.append(read)
         if BOUND_SPELLINGS.isdisjoint(_name(n) for n in walked):
             return None
-        ends = list(dict.fromkeys(n for n in ends if n not in walked and n not in self.absorbed))
+        # a scale walked through may make an end: max(u, 0.5 w) written out reads 0.5 w, not w
+        scaled = [n for n in walked if n is not op and _name(n) in BOUND_SCALES and len(self._variables(n)) == 1
+                  and n.value.shape == op.value.shape]
+        ends = list(dict.fromkeys(n for n in ends + scaled if (n not in walked or n in scaled) and n not in self.absorbed))
         return ends if 2 <= len(ends) <= BOUND_ENDS else None
 
     def _reduction(self, op, window, reductions):
@@ -477,8 +531,10 @@ class _Recognisers:
 POOL_ENDS = frozenset({"sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})  # and any convolution
 FLAT_POOL_ENDS = frozenset({"sum", "max", "maximum"})  # amax, max, sum and mean of a (rows, windows, width) view,
 # and torch.maximum of its slices
-BOUND_SPELLINGS = frozenset({"abs", "relu", "where"})  # what a maximum or minimum of two is written through
-BOUND_WALKED = BOUND_SPELLINGS | {"add", "sub", "mul", "div", "neg", "gt", "lt", "ge", "le"}  # and the arithmetic about them
+# what a maximum or minimum of two is written through: arithmetic, or the two stacked and reduced
+BOUND_SPELLINGS = frozenset({"abs", "relu", "where", "amax", "amin", "max", "min", "sort"})
+BOUND_WALKED = BOUND_SPELLINGS | {"add", "sub", "mul", "div", "neg", "gt", "lt", "ge", "le", "stack", "select"}
+BOUND_SCALES = frozenset({"mul", "div", "neg"})  # an end may be a scale of a value (max(u, 0.5 w))
 BOUND_DEPTH = 4  # ops back from a written bound to the values it bounds: (u + v + |u - v|) / 2 is 4 deep
 BOUND_ENDS = 6  # values a written bound may be of: two, and what else those few ops read
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)

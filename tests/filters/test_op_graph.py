@@ -358,6 +358,57 @@ def test_a_convolution_split_over_its_input_channels_and_summed_reads_as_one(tra
     assert ops(split) == ops(whole)
 
 
+FULL = nn.ConvTranspose2d(8, 6, 3)
+
+
+def test_a_convolution_averaged_over_every_position_reads_as_the_matrix_product_it_is():
+    """An adversary's L2 42 (session 33): a ConvTranspose2d and global average pooling as the
+    input's sums times the kernels' sums, `sum mm mul` against `convolution2d sum mul`: where
+    every tap meets every position, the two are one function."""
+    def closed(x):
+        area = (x.shape[2] + 2) * (x.shape[3] + 2)
+        return torch.tanh(x.sum((2, 3)) @ FULL.weight.sum((2, 3)) / area + FULL.bias)
+    original = lambda x: torch.tanh(FULL(x).mean((2, 3)))  # noqa: E731
+    padded = lambda x: torch.tanh(F.conv2d(x, FULL.weight.transpose(0, 1), FULL.bias, padding=2).mean((2, 3)))  # noqa: E731
+    assert torch.allclose(original(X_IMAGE), closed(X_IMAGE), atol=1e-5)
+    assert ops(original) == ops(closed) == ops(padded) == ["sum", "mm", "mul", "add", "tanh"]
+    assert ops(lambda x: torch.tanh(FULL(x).sum((2, 3)))) == ["sum", "mm", "add", "tanh"]
+
+
+@pytest.mark.parametrize("conv", [nn.Conv2d(8, 6, 3, padding=1), nn.ConvTranspose2d(8, 6, 3, padding=1),
+                                  nn.Conv2d(8, 6, 3, padding=2, stride=2)])
+def test_a_convolution_whose_taps_miss_some_positions_summed_stays_a_convolution(conv):
+    # the edges' taps fall outside: the sum reads more than the input's sums
+    assert "convolution2d" in ops(lambda x: torch.tanh(conv(x).mean((2, 3))), conv)
+
+
+CHUNKED = torch.randn(4, 4, 3, 3), torch.randn(4, 4, 3, 3)  # two weights of their own, not slices of one
+
+
+@pytest.mark.parametrize("halves", [lambda x: x.chunk(2, 1), lambda x: x.split(4, 1), lambda x: x.chunk(2, 1)[::-1]])
+def test_a_convolution_split_by_chunk_or_split_and_summed_reads_as_one(halves):
+    # a red team's evasion (session 33): the halves from one op of two outputs
+    def split(x):
+        a, b = halves(x)
+        return torch.tanh(F.conv2d(a, CHUNKED[0], SPLIT.bias, padding=1) + F.conv2d(b, CHUNKED[1], padding=1))
+    # reversed, it is one convolution of other weights (each half's channels meet the other's)
+    assert ops(split) == ops(lambda x: torch.tanh(SPLIT(x))) == ["convolution2d", "tanh"]
+
+
+GROUPED = nn.Conv2d(8, 12, 3, padding=1, groups=2)
+
+
+def test_a_grouped_convolutions_output_halves_added_read_as_one_convolution():
+    # a red team's evasion (session 33): each group's outputs, added, read every input channel
+    joined = torch.cat(GROUPED.weight.chunk(2, 0), 1)
+    halves = lambda x: (lambda y: torch.relu(y[:, :6] + y[:, 6:]))(GROUPED(x))  # noqa: E731
+    whole = lambda x: torch.relu(F.conv2d(x, joined, GROUPED.bias[:6] + GROUPED.bias[6:], padding=1))  # noqa: E731
+    assert torch.allclose(halves(X_IMAGE), whole(X_IMAGE), atol=1e-5)
+    assert ops(halves, GROUPED) == ops(whole) == ["convolution2d", "relu"]
+    # halves of other channels (the first group's outputs against themselves) are no such sum
+    assert ops(lambda x: (lambda y: torch.relu(y[:, :3] + y[:, 3:6]))(GROUPED(x)), GROUPED) != ["convolution2d", "relu"]
+
+
 def test_two_convolutions_of_other_values_or_settings_stay_two():
     assert ops(lambda x: F.conv2d(x[:, :4], SPLIT.weight[:, :4], padding=1) + F.conv2d(
         x[:, :4] * 2, SPLIT.weight[:, 4:], padding=1)).count("convolution2d") == 2  # not the halves of one value
@@ -393,6 +444,12 @@ def test_a_convolution_of_some_channels_beside_another_of_the_rest_reads():
 def test_a_product_by_a_vector_of_ones_reads_as_the_sum_it_is(written):
     assert ops(lambda x: written(torch.tanh(x))) == ops(lambda x: torch.tanh(x).sum(1)) == ["tanh", "sum"]
     assert ops(lambda x: written(torch.tanh(x)) / 8) == ops(lambda x: torch.tanh(x).mean(1))
+
+
+def test_a_product_by_a_matrix_of_equal_columns_of_ones_reads_as_the_sum_repeated():
+    # a red team's evasion (session 33): the sum, once per column
+    assert ops(lambda x: torch.tanh(x).transpose(1, 3) @ torch.ones(8, 2)) == ["tanh", "sum"]
+    assert ops(lambda x: torch.tanh(x).transpose(1, 3) @ torch.ones(8, 2).cumsum(1)) == ["tanh", "mm"]  # 1s, 2s
 
 
 def test_a_product_by_a_vector_that_is_not_uniform_is_a_product():
@@ -684,7 +741,25 @@ def test_the_maximum_or_minimum_of_two_values_reads_as_itself_however_written(wr
     assert ops(lambda x: written(torch.tanh(x), torch.sigmoid(x))) == ["tanh", "sigmoid", name]
 
 
+@pytest.mark.parametrize("written, name", [
+    # a red team's evasions (session 33): the two stacked and reduced, an end scaled
+    (lambda u, v: torch.stack([u, v]).amax(0), "maximum"),
+    (lambda u, v: torch.stack([u, v]).sort(0).values[0], "minimum"),
+    (lambda u, v: torch.stack([u, v]).min(0).values, "minimum"),
+])
+def test_the_maximum_or_minimum_of_two_stacked_values_reads_as_itself(written, name):
+    assert ops(lambda x: written(torch.tanh(x), torch.sigmoid(x))) == ["tanh", "sigmoid", name]
+
+
+def test_the_maximum_of_a_value_and_a_scale_of_another_reads_as_itself_written_out():
+    written = lambda u, v: (u + 0.5 * v + (u - 0.5 * v).abs()) / 2  # noqa: E731
+    assert ops(lambda x: written(torch.tanh(x), torch.sigmoid(x))) \
+        == ops(lambda x: torch.maximum(torch.tanh(x), 0.5 * torch.sigmoid(x))) == ["tanh", "sigmoid", "mul", "maximum"]
+
+
 @pytest.mark.parametrize("body", [
+    lambda x: torch.stack([torch.tanh(x), torch.sigmoid(x)]).sum(0),  # a sum of the stack is no bound
+    lambda x: torch.stack([torch.tanh(x), torch.sigmoid(x), -x]).amax(0),  # of three, each the largest somewhere
     lambda x: torch.relu(torch.tanh(x)) + torch.sigmoid(x),  # a residual over a relu
     lambda x: (torch.tanh(x) - torch.sigmoid(x)).abs() + torch.tanh(x),  # no maximum: |u - v| + u
     lambda x: torch.where(x > 0, torch.tanh(x), torch.sigmoid(x)),  # a selection by another value
