@@ -39,6 +39,18 @@ def _meets_every_tap(conv) -> bool:
     return all(s == 1 for s in stride) and all(p == d * (k - 1) for p, d, k in zip(padding, dilation, kernel.shape[2:]))
 
 
+def _scale_and_shifts(source: torch.Tensor, target: torch.Tensor) -> float | None:
+    """The scale a, where `target` (rows, channels) is a * `source` plus a shift per channel,
+    or None where it is not (or the rows do not vary enough to tell)."""
+    centred, aimed = source - source.mean(0), target - target.mean(0)
+    spread = float(centred.square().sum())
+    if spread < 1e-20:
+        return None
+    scale = float((centred * aimed).sum()) / spread
+    return scale if close(scale * centred, aimed) and close(scale * source + (target - scale * source).mean(0),
+                                                            target) else None
+
+
 class TraceTooLong(ValueError):
     """A reading with more to compare than a trace has time for (the task is untraced)."""
 
@@ -76,33 +88,59 @@ class _Recognisers:
         """`op` sums (or averages) a convolution over all its positions, where every tap meets
         every position of the input (a transposed convolution with no padding, or one of stride 1
         padded by its whole kernel): that is the input's sum over its positions times the sum of
-        each kernel's taps, a matrix product. Read `sum mm`, from the input (an adversary wrote
-        KernelBench L2 42's ConvTranspose2d and global average pooling as `x.sum((2, 3)) @
-        w.sum((2, 3)) / area`, `sum mm mul` against `convolution2d sum mul`)."""
-        name, conv = canonical(op), self._variables(op)
-        if not name or name[0] != "sum" or not set(name[1:]) <= {"mul"} or not conv or len(conv) != 1 or _name(conv[0]) != "convolution" \
-                or len(conv[0].args) < 9 or self.users.get(conv[0]) != {op} or not _meets_every_tap(conv[0]):
+        each kernel's taps, a matrix product. Read `sum mm`, from the input, however the sum is
+        written (views, sums of sums, scalar maps and shifts between: a red team's
+        `flatten(2).mean(-1)` of L2 42 read as its original had). An adversary wrote KernelBench
+        L2 42's ConvTranspose2d and global average pooling as `x.sum((2, 3)) @ w.sum((2, 3)) /
+        area`, `sum mm mul` against `convolution2d sum mul`. Only a convolution of one group
+        by constant weights: a depthwise one summed is a scale per channel, and a kernel or a
+        bias computed from the input is no matrix of constants."""
+        name = canonical(op)
+        if name != ["mul"] and (not name or name[0] != "sum" or not set(name[1:]) <= {"mul"}):
+            return None  # a sum, a mean, or a scale of one (`einsum('nchw->nc', y) / area`)
+        conv, shifted = self._summed_convolution(op)
+        if conv is None or not _meets_every_tap(conv) or conv.args[8] != 1 \
+                or any(getattr(arg, "variable", False) for arg in conv.args[1:3]):
             return None
-        conv = conv[0]
-        image = conv.args[0]
-        positions = tuple(range(2, conv.value.dim()))
-        if not (isinstance(image, type(conv)) and image.variable and positions
-                and op.value.numel() == conv.value.shape[0] * conv.value.shape[1]):
+        image, positions = conv.args[0], tuple(range(2, conv.value.dim()))
+        batch, channels = conv.value.shape[:2]
+        if not (isinstance(image, type(conv)) and image.variable and positions and batch > 1
+                and op.value.numel() == batch * channels):
             return None
-        summed, target = conv.value.float().sum(positions), op.value.float().reshape(-1)
-        scale = float((summed.reshape(-1) * target).sum() / summed.square().sum().clamp_min(1e-30))
-        if not close(scale * summed.reshape(-1), target):
-            return None  # not its sum (or mean) over every position
-        # the input's whole sum at one position, at either end: the same sum where every tap meets every position
+        summed, target = conv.value.float().sum(positions), op.value.float().reshape(batch, channels)
+        fit = _scale_and_shifts(summed, target)
+        if fit is None:
+            return None  # not its sum (or mean) over every position, up to a scale and a shift per channel
+        # the input's whole sum at one position, at either end: the same sums where every tap meets every position
         settings = [arg.value if isinstance(arg, type(conv)) else arg for arg in conv.args[1:9]]
         for corner in (0, -1):
             moved = torch.zeros_like(image.value)
             moved[(..., *[corner] * len(positions))] = image.value.sum(positions)
             if not close(torch.ops.aten.convolution.default(moved, *settings).float().sum(positions), summed):
                 return None
-        # its bias, summed, is an `add`, and the mean's scale a `mul`: an affine tail, in the order maps are
-        tail = set(name[1:]) | ({"add"} if isinstance(conv.args[2], type(conv)) else set())
+        # a bias (the convolution's, or one added before the sum) is an `add`, a scale a `mul`, in the order maps are
+        tail = ({"mul"} if abs(fit - 1) > 1e-4 else set()) | \
+            ({"add"} if shifted or isinstance(conv.args[2], type(conv)) else set())
         return ("sum", "mm", *(step for step in ("mul", "add") if step in tail)), [image]
+
+    def _summed_convolution(self, op) -> tuple:
+        """(the convolution `op` reads through views, sums and arithmetic by constants alone,
+        each read by the one above it alone; whether an addition is among them), or (None, False)."""
+        above, node, shifted, summed = None, op, False, False
+        for _ in range(SUM_DEPTH):
+            variables = self._variables(node)
+            if not variables or len(variables) != 1 or (above is not None and self.users.get(node) != {above}):
+                return None, False
+            if _name(node) == "convolution" and len(node.args) >= 9:
+                return (node, shifted) if summed else (None, False)
+            steps = canonical(node)
+            summed |= steps[:1] == ["sum"]
+            by_a_constant = _name(node) in SUMMED_MAPS and node.args and node.args[0] is variables[0]
+            if node is not op and steps and steps[0] != "sum" and not by_a_constant:
+                return None, False
+            shifted |= by_a_constant and _name(node) in ("add", "sub")
+            above, node = node, variables[0]
+        return None, False
 
     def _sum_by_a_constant(self, op, window):
         """`op` is c times the sum of an earlier value along one of its dimensions (not the
@@ -276,7 +314,7 @@ class _Recognisers:
     def _bound_of_two(self, op, window):
         """`op` is the maximum or minimum of two earlier values, up to a positive scale, written
         through arithmetic: (u + v + |u - v|) / 2, relu(u - v) + v, where(u > v, u, v), or the two
-        stacked and reduced (`stack([u, v]).amax(0)`, `.sort(0).values[0]`) (an adversary wrote KernelBench L2 55's max pooling of two features, then a sum, as half
+        stacked and reduced (`stack([u, v]).amax(0)`) (an adversary wrote KernelBench L2 55's max pooling of two features, then a sum, as half
         the sum of `a + b + |a - b|`). Read `maximum` or `minimum` of the two, or the pooling
         it is where they are a value's windows; a scale other than 1 is a `mul` after it."""
         ends = self._written_bound_ends(op)
@@ -531,10 +569,14 @@ class _Recognisers:
 POOL_ENDS = frozenset({"sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})  # and any convolution
 FLAT_POOL_ENDS = frozenset({"sum", "max", "maximum"})  # amax, max, sum and mean of a (rows, windows, width) view,
 # and torch.maximum of its slices
-# what a maximum or minimum of two is written through: arithmetic, or the two stacked and reduced
-BOUND_SPELLINGS = frozenset({"abs", "relu", "where", "amax", "amin", "max", "min", "sort"})
-BOUND_WALKED = BOUND_SPELLINGS | {"add", "sub", "mul", "div", "neg", "gt", "lt", "ge", "le", "stack", "select"}
+# what a maximum or minimum of two is written through: arithmetic, or the two stacked and
+# reduced by amax or amin (not max, min or sort: their indices are recorded as their values, and
+# a red team's `stack([u, v]).max(0).indices` read `maximum`)
+BOUND_SPELLINGS = frozenset({"abs", "relu", "where", "amax", "amin"})
+BOUND_WALKED = BOUND_SPELLINGS | {"add", "sub", "mul", "div", "neg", "gt", "lt", "ge", "le", "stack"}
 BOUND_SCALES = frozenset({"mul", "div", "neg"})  # an end may be a scale of a value (max(u, 0.5 w))
+SUM_DEPTH = 8  # views, sums and maps by constants walked from a sum back to the convolution it sums
+SUMMED_MAPS = frozenset({"mul", "div", "add", "sub"})  # the maps by a constant it walks through (the value first)
 BOUND_DEPTH = 4  # ops back from a written bound to the values it bounds: (u + v + |u - v|) / 2 is 4 deep
 BOUND_ENDS = 6  # values a written bound may be of: two, and what else those few ops read
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)

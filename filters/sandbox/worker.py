@@ -306,14 +306,14 @@ def _in_child(job: dict, options: dict, reasons, body) -> dict:
     try:
         outcome = _await_child(child, read_fd, options, reasons, shared)
         outcome["metrics"]["job_wall_ms"] = (time.monotonic() - began) * 1e3  # the zygote's own clock
-        under_way = struct.unpack_from(UNDER_WAY, shared, 8)[0] - 1
-        if not outcome["passed"] and under_way >= 0:
-            outcome["metrics"]["under_way"] = under_way
     finally:
         os.close(read_fd)
         _end(child)
         _end_strays()
         _wipe()
+    under_way = struct.unpack_from(UNDER_WAY, shared, 8)[0] - 1  # read once the child is gone: it moves no more
+    if not outcome["passed"] and under_way >= 0:
+        outcome["metrics"]["under_way"] = under_way
     return outcome
 
 

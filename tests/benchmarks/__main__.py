@@ -61,6 +61,8 @@ GROUPS: list[tuple[str, list[tuple[str, str, str]]]] = [
                                   "reference trace (KernelBench L1-L3, cold)"),
         ("bench_trace_tail", "why some accepted tasks take seconds to trace", "history"),
         ("bench_trace_batch_guard", "what a trace batch's guards (torch_state at both ends) cost", "history"),
+        ("bench_quarantine", "a batch whose child dies: the task it was tracing alone, against the rest one per child",
+                             "a batch whose child dies"),
         ("gpu_trace_check", "the trace on the checks' device: the attack, fairness on KernelBench and rows",
                             "history"),
     ]),

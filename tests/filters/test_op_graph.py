@@ -375,11 +375,30 @@ def test_a_convolution_averaged_over_every_position_reads_as_the_matrix_product_
     assert ops(lambda x: torch.tanh(FULL(x).sum((2, 3)))) == ["sum", "mm", "add", "tanh"]
 
 
+@pytest.mark.parametrize("mean", [
+    # a red team's respellings of the global mean (session 34), each read as L2 42's own had been
+    lambda t: t.flatten(2).mean(-1), lambda t: t.mean(3).mean(2), lambda t: torch.einsum("nchw->nc", t) / 56.0,
+    lambda t: t.reshape(t.shape[0], t.shape[1], -1).mean(-1), lambda t: (t * 2.0).mean((2, 3)),
+])
+def test_a_full_convolution_averaged_however_written_reads_as_the_matrix_product(mean):
+    reading = ops(lambda x: torch.tanh(mean(FULL(x))))
+    assert reading[:2] == ["sum", "mm"] and "convolution2d" not in reading, reading
+
+
 @pytest.mark.parametrize("conv", [nn.Conv2d(8, 6, 3, padding=1), nn.ConvTranspose2d(8, 6, 3, padding=1),
-                                  nn.Conv2d(8, 6, 3, padding=2, stride=2)])
+                                  nn.Conv2d(8, 6, 3, padding=2, stride=2),
+                                  nn.ConvTranspose2d(8, 8, 3, groups=8)])  # depthwise: a scale per channel, summed
 def test_a_convolution_whose_taps_miss_some_positions_summed_stays_a_convolution(conv):
     # the edges' taps fall outside: the sum reads more than the input's sums
-    assert "convolution2d" in ops(lambda x: torch.tanh(conv(x).mean((2, 3))), conv)
+    assert "mm" not in ops(lambda x: torch.tanh(conv(x).mean((2, 3))), conv)
+
+
+def test_a_full_convolution_by_a_kernel_made_from_the_input_summed_stays_a_convolution():
+    # a red team's (session 34): a kernel or bias computed from the batch is no matrix of constants
+    made = lambda x: F.conv_transpose2d(x, FULL.weight * torch.sigmoid(x.mean()), FULL.bias)  # noqa: E731
+    assert "convolution2d" in ops(lambda x: torch.tanh(made(x).mean((2, 3))))
+    biased = lambda x: F.conv_transpose2d(x, FULL.weight, FULL.bias * x.mean())  # noqa: E731
+    assert "convolution2d" in ops(lambda x: torch.tanh(biased(x).mean((2, 3))))
 
 
 CHUNKED = torch.randn(4, 4, 3, 3), torch.randn(4, 4, 3, 3)  # two weights of their own, not slices of one
@@ -744,8 +763,7 @@ def test_the_maximum_or_minimum_of_two_values_reads_as_itself_however_written(wr
 @pytest.mark.parametrize("written, name", [
     # a red team's evasions (session 33): the two stacked and reduced, an end scaled
     (lambda u, v: torch.stack([u, v]).amax(0), "maximum"),
-    (lambda u, v: torch.stack([u, v]).sort(0).values[0], "minimum"),
-    (lambda u, v: torch.stack([u, v]).min(0).values, "minimum"),
+    (lambda u, v: torch.stack([u, v]).amin(0), "minimum"),
 ])
 def test_the_maximum_or_minimum_of_two_stacked_values_reads_as_itself(written, name):
     assert ops(lambda x: written(torch.tanh(x), torch.sigmoid(x))) == ["tanh", "sigmoid", name]
@@ -759,6 +777,8 @@ def test_the_maximum_of_a_value_and_a_scale_of_another_reads_as_itself_written_o
 
 @pytest.mark.parametrize("body", [
     lambda x: torch.stack([torch.tanh(x), torch.sigmoid(x)]).sum(0),  # a sum of the stack is no bound
+    # which one is larger (a red team's, session 34: max's indices are recorded as its values)
+    lambda x: torch.stack([torch.tanh(x), torch.sigmoid(x)]).max(0).indices.float(),
     lambda x: torch.stack([torch.tanh(x), torch.sigmoid(x), -x]).amax(0),  # of three, each the largest somewhere
     lambda x: torch.relu(torch.tanh(x)) + torch.sigmoid(x),  # a residual over a relu
     lambda x: (torch.tanh(x) - torch.sigmoid(x)).abs() + torch.tanh(x),  # no maximum: |u - v| + u
