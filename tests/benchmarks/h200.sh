@@ -97,7 +97,9 @@ if [ "$STAGE" = readings ]; then
     # where every task can be read at its own sizes; written into this checkout too, so that a
     # later stage of the same call uses it
     start=$(date +%s.%N)
-    python3 -m pipeline.shipped_readings "$PWD/.kb/KernelBench" --levels 1 2 3 --device cuda 2>&1 | grep -v "^WARNING" | tail -6
+    # each progress line as it comes: a call cut by its limit keeps them (a tail held them all back once)
+    python3 -m pipeline.shipped_readings "$PWD/.kb/KernelBench" --levels 1 2 3 --device cuda 2>&1 \
+        | grep --line-buffered -v "^WARNING"
     echo "readings wall $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
     cp filters/similarity/kernelbench_readings.json "$OUT/"
     exit 0
