@@ -67,6 +67,15 @@ def test_a_batch_whose_child_dies_tracing_a_task_traces_that_task_alone_and_batc
     assert "one per child" not in caplog.text
 
 
+def test_what_a_batch_leaves_is_spread_over_every_worker():
+    """On the H100, a batch that stopped at a slow network left 31 tasks, sent back as one
+    batch while 10 of 11 workers were idle: its other slow networks were traced one after
+    another. Batches are now no larger than what keeps every worker busy."""
+    from pipeline.dedupe import _chunks, _spread
+    assert [len(part) for part in _chunks(list(range(31)), _spread(31, 32, 11))] == [3] * 10 + [1]
+    assert _spread(250, 32, 11) == 23 and _spread(250, 32, 2) == 32 and _spread(1, 32, 2) == 1
+
+
 def test_a_task_that_rebinds_torch_steers_no_later_task_of_its_batch(pool, tmp_path):
     """An external task has passed no static check: in a process it shares, `torch.relu =
     torch.sigmoid` at import would make every later task's relu trace as a sigmoid (and a
