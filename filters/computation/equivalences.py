@@ -156,6 +156,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         names = {node: self.names(node) for node in nodes if node not in unspelled}
         _join_split_convolutions([node for node in nodes if node in names], reads, names)
         _join_grouped_halves([node for node in nodes if node in names], reads, names)
+        _join_split_products([node for node in nodes if node in names], reads, names)
         _factor_shared_products([node for node in nodes if node in names], reads, names, set(self._makers(outputs)))
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
@@ -368,6 +369,34 @@ def _join_split_convolutions(nodes: list, reads: dict, names: dict) -> None:
         if first.args[3:9] != second.args[3:9] or first.args[8] != 1:
             continue  # stride, padding, dilation, transposed, output padding, groups
         if _joined_name(first, second, node) == names[first]:
+            names[second], names[node], reads[node] = [], [], [first]
+
+
+def _join_split_products(nodes: list, reads: dict, names: dict) -> None:
+    """A sum of two matrix products of the two halves of one value's last dimension, by two
+    weights, is one product of the whole value by the weights stacked (`names` and `reads`
+    edited in place): an adversary's L2 63 split its GEMM over K into two parameters of its
+    own, `mm mm add` against `mm` (a split of one weight's slices is read from the values)."""
+    users = _users(nodes, reads)
+    for node in nodes:
+        if names[node] != ["add"] or len(reads[node]) != 2:
+            continue
+        first, second = reads[node]
+        if first is second or any(_name(p) != "mm" or names.get(p) != ["mm"] or users.get(p) != [node]
+                                  or len(p.args) < 2 for p in (first, second)):
+            continue
+        source = _sliced_from(first.args[0], second.args[0])
+        values = [getattr(n, "value", None) for n in (first.args[0], second.args[0], first.args[1], second.args[1])]
+        if source is None or not all(isinstance(v, torch.Tensor) for v in values) or \
+                getattr(first.args[1], "variable", False) or getattr(second.args[1], "variable", False):
+            continue
+        (a, b), (u, v) = values[:2], values[2:]
+        order = next((k for k, pair in enumerate(((a, b), (b, a))) if pair[0].dim() == pair[1].dim() == 2
+                      and torch.equal(torch.cat(pair, -1), source.value)), None)
+        if order is None:
+            continue
+        weight = torch.cat((u, v) if order == 0 else (v, u), 0)
+        if close(source.value.float() @ weight.float(), first.value.float() + second.value.float()):
             names[second], names[node], reads[node] = [], [], [first]
 
 

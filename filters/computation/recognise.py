@@ -333,7 +333,33 @@ class _Recognisers:
                     return None  # `(a + b + |a - b|) * 0.5`: read at the scale, which the bound is
                 pooled = self._pool(op, window, scale, written=[name]) if name == "maximum" else None
                 return ((pooled[0] + scaled), pooled[1]) if pooled else ((name,) + scaled, [u, v])
-        return None
+        # the maximum of a value and 0: what an `abs` or a `where` walked through reads
+        arguments = dict.fromkeys(n for spelling in self._bound_spellings_walked(op) for n in self._variables(spelling))
+        return next(filter(None, (self._relu_of_one(op, u) for u in arguments if u.value.shape == op.value.shape)),
+                    None)
+
+    def _bound_spellings_walked(self, op) -> list:
+        """The `abs` and `where` ops the few ops before `op` hold (see _written_bound_ends)."""
+        walked, frontier, found = set(), [(op, 0)], []
+        while frontier:
+            node, depth = frontier.pop()
+            if node in walked:
+                continue
+            walked.add(node)
+            if _name(node) in ("abs", "where"):
+                found.append(node)
+            frontier.extend((read, depth + 1) for read in self.inputs[node] if read.target is not None
+                            and read.variable and depth < BOUND_DEPTH and _name(read) in BOUND_WALKED)
+        return found
+
+    def _relu_of_one(self, op, u):
+        """`op` is c relu(u), c > 0, written through arithmetic (an adversary's L2 63, relu and a
+        division as `(v + |v|) / (2 d)`: the maximum of v and 0, scaled)."""
+        scale = _positive_scale(torch.relu(self._sample(u)), self._sample(op))
+        if scale is None or not close(scale * torch.relu(u.value.float()), op.value.float()):
+            return None
+        scaled = ("mul",) if abs(scale - 1) > 1e-4 else ()
+        return None if scaled and self._scaled_by_its_reader(op) else (("relu",) + scaled, [u])
 
     def _scaled_by_its_reader(self, op) -> bool:
         readers = self.users.get(op, set())
@@ -362,7 +388,7 @@ class _Recognisers:
         scaled = [n for n in walked if n is not op and _name(n) in BOUND_SCALES and len(self._variables(n)) == 1
                   and n.value.shape == op.value.shape]
         ends = list(dict.fromkeys(n for n in ends + scaled if (n not in walked or n in scaled) and n not in self.absorbed))
-        return ends if 2 <= len(ends) <= BOUND_ENDS else None
+        return ends if 1 <= len(ends) <= BOUND_ENDS else None  # one: its maximum with 0 (`_relu_of_one`)
 
     def _reduction(self, op, window, reductions):
         """A log-sum-exp, maximum or minimum of an earlier value along one dimension, however

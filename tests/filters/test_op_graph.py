@@ -428,6 +428,23 @@ def test_a_grouped_convolutions_output_halves_added_read_as_one_convolution():
     assert ops(lambda x: (lambda y: torch.relu(y[:, :3] + y[:, 3:6]))(GROUPED(x)), GROUPED) != ["convolution2d", "relu"]
 
 
+HALVES_K = torch.randn(3, 7), torch.randn(2, 7)  # two weights of their own
+BIAS_7, X_ROWS = torch.randn(7), torch.randn(16, 5)
+
+
+def test_a_product_split_over_its_inner_dimension_by_two_weights_reads_as_one():
+    # an adversary's L2 63 (session 34): two parameters, one per half of K, and relu / d as (v + |v|) / (2 d)
+    def split(x):
+        v = x[:, :3] @ HALVES_K[0]
+        v = v + x[:, 3:] @ HALVES_K[1] + BIAS_7
+        return (v + v.abs()) * 0.25
+    whole = lambda x: torch.relu(x @ torch.cat(HALVES_K) + BIAS_7) * 0.5  # noqa: E731
+    assert torch.allclose(split(X_ROWS), whole(X_ROWS), atol=1e-5)
+    assert ops(split, shape=X_ROWS.shape) == ops(whole, shape=X_ROWS.shape) == ["mm", "add", "relu", "mul"]
+    # of one half and another value: two products
+    assert ops(lambda x: x[:, :3] @ HALVES_K[0] + torch.tanh(x[:, 3:]) @ HALVES_K[1], shape=X_ROWS.shape).count("mm") == 2
+
+
 def test_two_convolutions_of_other_values_or_settings_stay_two():
     assert ops(lambda x: F.conv2d(x[:, :4], SPLIT.weight[:, :4], padding=1) + F.conv2d(
         x[:, :4] * 2, SPLIT.weight[:, 4:], padding=1)).count("convolution2d") == 2  # not the halves of one value
