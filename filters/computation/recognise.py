@@ -334,23 +334,10 @@ class _Recognisers:
                 pooled = self._pool(op, window, scale, written=[name]) if name == "maximum" else None
                 return ((pooled[0] + scaled), pooled[1]) if pooled else ((name,) + scaled, [u, v])
         # the maximum of a value and 0: what an `abs` or a `where` walked through reads
-        arguments = dict.fromkeys(n for spelling in self._bound_spellings_walked(op) for n in self._variables(spelling))
+        spellings = (node for node in self._bound_walk(op)[0] if _name(node) in ("abs", "where"))
+        arguments = dict.fromkeys(n for spelling in spellings for n in self._variables(spelling))
         return next(filter(None, (self._relu_of_one(op, u) for u in arguments if u.value.shape == op.value.shape)),
                     None)
-
-    def _bound_spellings_walked(self, op) -> list:
-        """The `abs` and `where` ops the few ops before `op` hold (see _written_bound_ends)."""
-        walked, frontier, found = set(), [(op, 0)], []
-        while frontier:
-            node, depth = frontier.pop()
-            if node in walked:
-                continue
-            walked.add(node)
-            if _name(node) in ("abs", "where"):
-                found.append(node)
-            frontier.extend((read, depth + 1) for read in self.inputs[node] if read.target is not None
-                            and read.variable and depth < BOUND_DEPTH and _name(read) in BOUND_WALKED)
-        return found
 
     def _relu_of_one(self, op, u):
         """`op` is c relu(u), c > 0, written through arithmetic (an adversary's L2 63, relu and a
@@ -366,10 +353,9 @@ class _Recognisers:
         reader = next(iter(readers)) if len(readers) == 1 else None
         return reader is not None and _name(reader) in ("mul", "div", "true_divide") and self._variables(reader) == [op]
 
-    def _written_bound_ends(self, op) -> list | None:
-        """The values a bound written through `abs`, `relu` or `where` could be of: what the
-        few ops before `op` read, where one of them is such an op (every other op is asked
-        nothing: two of every earlier value would be too many)."""
+    def _bound_walk(self, op) -> tuple[set, list]:
+        """(the ops a bound written at `op` is made of: the arithmetic and its spellings up to
+        BOUND_DEPTH back; the values of `op`'s shape they read besides)."""
         walked, frontier, ends = set(), [(op, 0)], []
         while frontier:
             node, depth = frontier.pop()
@@ -382,6 +368,13 @@ class _Recognisers:
                     frontier.append((read, depth + 1))
                 elif read.variable and read.value.shape == op.value.shape and read.value.is_floating_point():
                     ends.append(read)
+        return walked, ends
+
+    def _written_bound_ends(self, op) -> list | None:
+        """The values a bound written through `abs`, `relu` or `where` could be of: what the
+        few ops before `op` read, where one of them is such an op (every other op is asked
+        nothing: two of every earlier value would be too many)."""
+        walked, ends = self._bound_walk(op)
         if BOUND_SPELLINGS.isdisjoint(_name(n) for n in walked):
             return None
         # a scale walked through may make an end: max(u, 0.5 w) written out reads 0.5 w, not w
