@@ -341,7 +341,10 @@ class _Recognisers:
 
     def _relu_of_one(self, op, u):
         """`op` is c relu(u), c > 0, written through arithmetic (an adversary's L2 63, relu and a
-        division as `(v + |v|) / (2 d)`: the maximum of v and 0, scaled)."""
+        division as `(v + |v|) / (2 d)`: the maximum of v and 0, scaled). Not where v is nowhere
+        negative: a relu of it is v (F.lp_pool's `sign(y) relu(|y|)` of a pooled square)."""
+        if not bool((u.value < 0).any()):
+            return None
         scale = _positive_scale(torch.relu(self._sample(u)), self._sample(op))
         if scale is None or not close(scale * torch.relu(u.value.float()), op.value.float()):
             return None
