@@ -14,7 +14,7 @@ from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
                                       ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
-from filters.computation.record import _Op, _Recorder
+from filters.computation.record import _Op, _Recorder, argument_values
 from filters.computation.values import HEAD, SAMPLE, _apart_values, _is_float, _is_numeric, _uniform, close
 
 
@@ -409,8 +409,7 @@ def _join_grouped_halves(nodes: list, reads: dict, names: dict) -> None:
         if names[node] != ["add"] or len(reads[node]) != 2:
             continue
         halves = reads[node]
-        sources = {_slice_source(half) for half in halves}
-        conv = sources.pop() if len(sources) == 1 else None
+        conv = _sliced_from(*halves)
         if conv is None or _name(conv) != "convolution" or len(conv.args) < 9 or conv.args[8] != 2 or conv.args[6] \
                 or sorted(users.get(conv, []), key=id) != sorted(halves, key=id) or conv not in names:
             continue
@@ -429,13 +428,6 @@ def _join_grouped_halves(nodes: list, reads: dict, names: dict) -> None:
         names[node], reads[node] = [], [conv]
         for half in halves:
             names[half] = []
-
-
-def _slice_source(node):
-    """What a slice, narrow or select node reads (itself for any other node)."""
-    if _name(node) in ("slice", "narrow") and node.args and isinstance(node.args[0], _Op):
-        return node.args[0]
-    return node
 
 
 def _halves_bias(conv) -> torch.Tensor | float:
@@ -476,13 +468,13 @@ def _parts_read(first, second) -> list | None:
     once, its first output its value) that two convolutions read, found by computing each
     convolution again from each part; None where it has not two or they do not fit."""
     split = first.args[0]
-    parts = split.target(*[arg.value if isinstance(arg, _Op) else arg for arg in split.args])
+    parts = split.target(*argument_values(split.args))
     if not isinstance(parts, (list, tuple)) or len(parts) != 2:
         return None
     for order in (parts, parts[::-1]):
         try:
             if all(close(torch.ops.aten.convolution.default(
-                    part, *[arg.value if isinstance(arg, _Op) else arg for arg in conv.args[1:9]]), conv.value)
+                    part, *argument_values(conv.args[1:9])), conv.value)
                    for part, conv in zip(order, (first, second))):
                 return list(order)
         except RuntimeError:  # a part of other channels than the weight's

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from filters.computation.names import (CHANNEL, SCALAR, _name, canonical, convolution_names, is_convolution,
                                       norm_name)
+from filters.computation.record import _Op, argument_values
 from filters.computation.values import _apart, close
 
 WINDOW = 48  # how many ops back a rewritten composite may reach (softmax written out: ~8)
@@ -104,7 +105,7 @@ class _Recognisers:
             return None
         image, positions = conv.args[0], tuple(range(2, conv.value.dim()))
         batch, channels = conv.value.shape[:2]
-        if not (isinstance(image, type(conv)) and image.variable and positions and batch > 1
+        if not (isinstance(image, _Op) and image.variable and positions and batch > 1
                 and op.value.numel() == batch * channels):
             return None
         summed, target = conv.value.float().sum(positions), op.value.float().reshape(batch, channels)
@@ -112,7 +113,7 @@ class _Recognisers:
         if fit is None:
             return None  # not its sum (or mean) over every position, up to a scale and a shift per channel
         # the input's whole sum at one position, at either end: the same sums where every tap meets every position
-        settings = [arg.value if isinstance(arg, type(conv)) else arg for arg in conv.args[1:9]]
+        settings = argument_values(conv.args[1:9])
         for corner in (0, -1):
             moved = torch.zeros_like(image.value)
             moved[(..., *[corner] * len(positions))] = image.value.sum(positions)
@@ -120,7 +121,7 @@ class _Recognisers:
                 return None
         # a bias (the convolution's, or one added before the sum) is an `add`, a scale a `mul`, in the order maps are
         tail = ({"mul"} if abs(fit - 1) > 1e-4 else set()) | \
-            ({"add"} if shifted or isinstance(conv.args[2], type(conv)) else set())
+            ({"add"} if shifted or isinstance(conv.args[2], _Op) else set())
         return ("sum", "mm", *(step for step in ("mul", "add") if step in tail)), [image]
 
     def _summed_convolution(self, op) -> tuple:

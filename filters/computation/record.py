@@ -42,6 +42,11 @@ class _Op:
     leaves: list = field(default_factory=list)  # the leaves it reads
 
 
+def argument_values(args) -> list:
+    """A recorded op's arguments as it was called with them: each _Op as the tensor it holds."""
+    return [arg.value if isinstance(arg, _Op) else arg for arg in args]
+
+
 class _Recorder(TorchDispatchMode):
     """Every ATen op that runs, in order, with the op that made each tensor it reads (a
     tensor no op made is a leaf: `variables` are the model's inputs, the rest are weights,
