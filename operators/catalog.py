@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import warnings
 from collections import Counter
@@ -147,8 +148,15 @@ def write_catalog(path: Path, specs: list[OpSpec], skipped: list[SkippedOp]) -> 
               "definitions": "", "output_item": None, "source": s.source}
              for s in skipped]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA), tmp, compression="zstd")
+    _write_table(pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA), path)
+
+
+def _write_table(table: pa.Table, path: Path) -> None:
+    """Write `table` to `path` whole or not at all, through a temporary file of this writer's
+    own: processes that crawl one library into one cache at once (bench_dedupe's composing
+    pool) each rename a file of their own, where a shared `.tmp` was renamed away under one."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
     tmp.replace(path)
 
 
@@ -212,9 +220,7 @@ def _merge(parts: list[Path], path: Path) -> None:
         for row in pq.ParquetFile(part).read().to_pylist():
             if row["name"] not in rows or row["runnable"] and not rows[row["name"]]["runnable"]:
                 rows[row["name"]] = row
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(pa.Table.from_pylist(list(rows.values()), schema=CATALOG_SCHEMA), tmp, compression="zstd")
-    tmp.replace(path)
+    _write_table(pa.Table.from_pylist(list(rows.values()), schema=CATALOG_SCHEMA), path)
 
 
 def _version(package: str) -> str:
