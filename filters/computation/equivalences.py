@@ -13,6 +13,7 @@ from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _
                                       convolution_names,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
                                       ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
+from filters.computation.linear import LinearRun, names_a_linear_map
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
 from filters.computation.record import _Op, _Recorder, argument_values
 from filters.computation.values import HEAD, SAMPLE, _apart_values, _is_float, _is_numeric, _uniform, close
@@ -136,6 +137,9 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.samples: dict = {}
         self.heads: dict = {}
         self.images: dict = {}
+        self.linear_runs: dict = {}  # op -> the run of linear ops it ends (recognise._linear_run)
+        self.linear_maps: set = set()  # ops a run of linear ops was solved at as one convolution
+        self.linear_solves = 0
         self.made_constant: set = set()
         self.squash_reach: dict = {}  # a sigmoid or tanh read with its maps -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
@@ -258,6 +262,9 @@ class _Equivalences(_Unspelled, _Recognisers):
             # a product, reshaped back, with no bias after it to be recognised at)
             found = self._convolution(op, window, self._depends_on(op, 2))
             same = None if found else same
+        if not found:  # a run of linear ops of one value that one convolution is (its reshape too)
+            found = self._linear_map(op)
+            same = None if found else same
         if same is not None:
             self.alias[op] = same
             return
@@ -266,6 +273,8 @@ class _Equivalences(_Unspelled, _Recognisers):
         found = found or affine or self._contraction(op, window)
         if found:
             self.named[op], self.reads[op] = found
+            if not names_a_linear_map(found[0]):
+                self.linear_runs[op] = LinearRun.of(op, None)  # a function of what it reads: no linear step
             inside = self._between(op, min(found[1], key=lambda n: n.index))
             self.absorbed |= inside
             if affine:

@@ -13,7 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from filters.computation.names import (CHANNEL, SCALAR, _name, canonical, convolution_names, is_convolution,
+from filters.computation.linear import LinearRun, joins_a_layer, linear_step, solve_convolution
+from filters.computation.names import (CHANNEL, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names, is_convolution,
                                       norm_name)
 from filters.computation.record import _Op, argument_values
 from filters.computation.values import _apart, close
@@ -59,6 +60,8 @@ class TraceTooLong(ValueError):
 # Contractions one reading may try (`_Equivalences._tested`); the most any of 512 benchmark
 # candidates tried is in docs/decontamination.md.
 CONTRACTION_TESTS = 20_000
+MEANED_CHANNELS = 4096  # the most channels `_mean_of_a_norm` reads a mean of
+LINEAR_SOLVES = 64  # settings of a run of linear ops solved for a convolution's weights in one reading
 
 
 class _Recognisers:
@@ -83,7 +86,7 @@ class _Recognisers:
         # and two values stacked and reduced are their maximum before a reduction of the stack
         return self._sum_of_a_full_convolution(op) or self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
             self._bound_of_two(op, window) or self._reduction(op, window, REDUCTIONS[1:]) or self._squash(op) or \
-            self._sum_by_a_constant(op, window)
+            self._sum_by_a_constant(op, window) or self._mean_of_a_norm(op, window)
 
     def _sum_of_a_full_convolution(self, op):
         """`op` sums (or averages) a convolution over all its positions, where every tap meets
@@ -166,6 +169,41 @@ class _Recognisers:
                 scale = float((summed * target).sum() / (summed * summed).sum().clamp_min(1e-30))
                 if close(scale * summed, target):
                     return ("sum",) + (("mul",) if abs(scale - 1) > 1e-4 else ()), [node]
+        return None
+
+    def _mean_of_a_norm(self, op, window):
+        """`op` is each channel's mean over the positions of a group or layer normalisation
+        of an earlier (batch, channels, *positions) value: (m_c - m_g) / sqrt(v_g + eps), from
+        the channel's mean m_c and its group's mean and variance, the normalised value never
+        made. Named as the norm and the mean (`group_norm sum mul`), read from the value. An
+        adversary fused KernelBench L2 23's and 27's GroupNorm and mean into that closed form
+        from moments. Tried only where the target's channels average to zero in each group,
+        as such means do."""
+        target = op.value
+        if target.dim() not in (2, 3) or canonical(op)[-1:] not in (["mul"], ["div"]) or \
+                not 4 <= target[0].numel() <= MEANED_CHANNELS:
+            return None  # (batch, channels), or its channels in groups
+        batch = target.shape[0]
+        flat = target.float().reshape(batch, -1)
+        channels = flat.shape[1]
+        counts = [g for g in range(1, channels // 2 + 1) if channels % g == 0
+                  and float(flat.reshape(batch, g, -1).mean(-1).abs().max()) < 1e-4 * float(flat.abs().max())]
+        if not counts or float(flat.abs().max()) < 1e-6:
+            return None
+        for node in (n for n in window if n.value.dim() >= 3 and n.value.shape[0] == batch
+                     and n.value.shape[1] == channels and n.value.is_floating_point()):
+            values = node.value.float().reshape(batch, channels, -1)
+            for groups in counts:
+                grouped = values.reshape(batch, groups, -1)
+                spread = grouped.var(-1, unbiased=False)  # (batch, groups)
+                offsets = (values.mean(-1).reshape(batch, groups, -1) - grouped.mean(-1, keepdim=True))
+                eps = _norm_eps(offsets, flat.reshape(batch, groups, -1), spread)
+                if eps is None or eps > MAX_EPS:
+                    continue
+                self._tested()
+                if close((offsets / torch.sqrt(spread[..., None] + eps)).reshape(target.shape), target, 2e-3):
+                    name = norm_name(node.value.dim(), tuple(range(1, node.value.dim())), groups if groups > 1 else 0)
+                    return (name, "sum", "mul"), [node]
         return None
 
     def _squash(self, op):
@@ -503,6 +541,82 @@ class _Recognisers:
         inside = between | {op}
         return between if all(self.users.get(node, set()) <= inside for node in between) else None
 
+    # -- linear maps of one value, solved for their weights ---------------------------------------
+
+    def _linear_map(self, op):
+        """`op` is a convolution of one earlier value, written as a run of linear ops of it that
+        joins what one layer computes: partial products of it added (a Conv3d as per-depth
+        Conv2d, nine shifted einsums), or a product of its windows rearranged (unfold and a
+        matrix product, depth taps stacked into channels). Solved for its weights from the
+        values (filters/computation/linear.py) and named as that convolution (`convolution_names`),
+        read from the value. Asked at a join, a product or a reshape of such a run whose
+        inside nothing else reads."""
+        run = self._linear_run(op)
+        if not run.composed or len(run.leaves) != 1:
+            return None
+        source = next(iter(run.leaves))
+        if not isinstance(source.value, torch.Tensor) or source.value.dim() < 3 or not joins_a_layer(op):
+            return None
+        if _name(op) in LAYOUT_ONLY and self._reshapes_a_solved_map(op) or self._run_goes_on(op, source):
+            return None  # a reshape of what was solved, or a join the next one takes in
+        inside = self._between(op, source)
+        if any(user not in inside and user is not op and self.users.get(user)
+               for node in inside for user in self.users.get(node, ())):
+            return None  # a value inside is read elsewhere too (not by a view no op reads): it stays
+        found = solve_convolution(source.value.float(), op.value.float(), self._solved)
+        if found is None:
+            return None
+        self.linear_maps.add(op)
+        setting, spatial = found.setting, source.value.dim() - 2
+        name = convolution_names(source.value.float(), found.weight, found.image, (setting.stride,) * spatial,
+                                 (setting.padding,) * spatial, (setting.dilation,) * spatial, 1,
+                                 found.bias is not None, transposed=False)
+        return tuple(name), [source]
+
+    def _solved(self) -> None:
+        """Count one linear map solved (a least-squares fit of up to UNKNOWNS unknowns, tens of
+        ms): past LINEAR_SOLVES in one reading the task is untraced, as past CONTRACTION_TESTS,
+        so that a task cannot spend them on decoys before the map it hides."""
+        self.linear_solves += 1
+        if self.linear_solves > LINEAR_SOLVES:
+            raise TraceTooLong(f"more than {LINEAR_SOLVES} linear maps to solve")
+
+    def _run_goes_on(self, op, source) -> bool:
+        """Whether an op that reads `op` joins the same run further (the next partial sum,
+        the next reshape): solved there, once, not at each step."""
+        for user in self.users.get(op, ()):
+            if joins_a_layer(user) and linear_step(user) and all(
+                    self._linear_run(node).leaves == {source} for node in self.inputs[user] if node.variable):
+                return True
+        return False
+
+    def _reshapes_a_solved_map(self, op) -> bool:
+        """Whether `op` reshapes (through layout ops alone) a value solved as a convolution."""
+        node = op
+        while _name(node) in LAYOUT_ONLY and len(self.inputs[node]) == 1:
+            node = self._resolve(self.inputs[node][0])
+            if node in self.linear_maps:
+                return True
+        return False
+
+    def _linear_run(self, op) -> LinearRun:
+        """The run of linear ops `op` ends (`LinearRun`), each op's found once: the ops are
+        read in the order they ran, so what an op reads is found before it."""
+        if op in self.linear_runs:
+            return self.linear_runs[op]
+        pending = [op]
+        while pending:
+            node = pending[-1]
+            step = linear_step(node)  # a model input is none
+            parts = [n for n in self.inputs[node] if n.variable and n not in self.linear_runs] if step else []
+            if parts:
+                pending.extend(parts)
+                continue
+            pending.pop()
+            self.linear_runs[node] = LinearRun.of(node, [self.linear_runs[n] for n in self.inputs[node] if n.variable]
+                                                  if step else None)
+        return self.linear_runs[op]
+
     # -- contractions with a weight -------------------------------------------------------------
 
     def _contraction(self, op, window):
@@ -751,6 +865,18 @@ def _group_view(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 GROUP_COUNTS_TRIED = 3
 MAX_EPS = 1e-2  # the largest eps a normalisation is taken to add to the variance
+
+
+def _norm_eps(offsets: torch.Tensor, target: torch.Tensor, spread: torch.Tensor) -> float | None:
+    """The eps with target = offsets / sqrt(spread + eps) per group, read where the group's
+    offsets are largest, or None where no such eps is."""
+    weight = offsets.square().sum(-1)  # (batch, groups)
+    reached = target.square().sum(-1)
+    if float(reached.min()) <= 0:
+        return None
+    eps = weight / reached - spread
+    largest = int(weight.reshape(-1).argmax())
+    return max(float(eps.reshape(-1)[largest]), 0.0)
 
 
 def _is_norm_of(source: torch.Tensor, target: torch.Tensor, dims, groups) -> bool:

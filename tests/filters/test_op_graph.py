@@ -1,6 +1,7 @@
 """What a task computes, read the same however it is written (filters/computation/).
 Our own small modules, recorded in this process: on real CPU tensors (values: what a run of
 ops computes is compared with what came before it) and on the meta device (spelling only)."""
+import itertools
 import math
 import re
 from pathlib import Path
@@ -426,6 +427,92 @@ def test_a_grouped_convolutions_output_halves_added_read_as_one_convolution():
     assert ops(halves, GROUPED) == ops(whole) == ["convolution2d", "relu"]
     # halves of other channels (the first group's outputs against themselves) are no such sum
     assert ops(lambda x: (lambda y: torch.relu(y[:, :3] + y[:, 3:6]))(GROUPED(x)), GROUPED) != ["convolution2d", "relu"]
+
+
+# A convolution written as a run of linear ops of its input, solved for its weights from
+# the values (filters/computation/linear.py): the third adversary's spellings (session 35).
+PLANE = nn.Conv2d(4, 6, 3)
+VOLUME = nn.Conv3d(3, 5, 3)
+X_PLANE, X_VOLUME = (4, 4, 12, 11), (2, 3, 7, 9, 8)
+
+
+def _shifted_einsums(x):  # nine shifted products by each tap's (out, in) matrix, and the bias
+    rows, columns = x.shape[2] - 2, x.shape[3] - 2
+    out = PLANE.bias.view(1, -1, 1, 1)
+    for i, j in itertools.product(range(3), range(3)):
+        out = out + torch.einsum("oc,nchw->nohw", PLANE.weight[:, :, i, j], x[:, :, i:i + rows, j:j + columns])
+    return out
+
+
+def _unfold_product(x):  # im2col, a product by the flattened bank, the positions flattened
+    cols = torch.matmul(PLANE.weight.flatten(1), F.unfold(x, 3)) + PLANE.bias[:, None]
+    return cols.view(x.shape[0], 6, x.shape[2] - 2, x.shape[3] - 2)
+
+
+def _row_convolutions(x):  # one (1, 3) convolution per kernel row, over rows shifted
+    rows = x.shape[2] - 2
+    return sum(F.conv2d(x[:, :, r:r + rows], PLANE.weight[:, :, r:r + 1], PLANE.bias if r == 0 else None)
+               for r in range(3))
+
+
+def _per_depth_planes(x):  # a Conv3d as a Conv2d per depth tap over frames, summed
+    n, c, d, h, w = x.shape
+    depth = d - 2
+    total = sum(F.conv2d(x[:, :, t:t + depth].transpose(1, 2).reshape(n * depth, c, h, w), VOLUME.weight[:, :, t])
+                for t in range(3)) + VOLUME.bias.view(1, -1, 1, 1)
+    return total.view(n, depth, 5, h - 2, w - 2).transpose(1, 2)
+
+
+def _depth_taps_stacked(x):  # the depth taps stacked into channels, then a (1, 3, 3) convolution
+    depth = x.shape[2] - 2
+    stacked = torch.cat([x[:, :, t:t + depth] for t in range(3)], 1)
+    weight = VOLUME.weight.permute(0, 2, 1, 3, 4).reshape(5, 9, 1, 3, 3)
+    return F.conv3d(stacked, weight, VOLUME.bias)
+
+
+@pytest.mark.parametrize("layer, written, shape", [
+    (PLANE, _shifted_einsums, X_PLANE), (PLANE, _unfold_product, X_PLANE), (PLANE, _row_convolutions, X_PLANE),
+    (VOLUME, _per_depth_planes, X_VOLUME), (VOLUME, _depth_taps_stacked, X_VOLUME)])
+def test_a_convolution_written_as_a_run_of_linear_ops_reads_as_the_convolution(layer, written, shape):
+    x = torch.randn(*shape)
+    assert torch.allclose(layer(x), written(x), atol=1e-5)
+    assert ops(lambda x: torch.tanh(written(x)), layer, shape=shape) == \
+        ops(lambda x: torch.tanh(layer(x)), layer, shape=shape) == [f"convolution{x.dim() - 2}d", "tanh"]
+
+
+LOCAL = torch.randn(6, 4, 9, 10, 9)  # a kernel of its own at each position: a locally connected layer
+
+
+@pytest.mark.parametrize("body", [
+    lambda x: torch.tanh(PLANE(x) + x[:, :1, 1:-1, 1:-1]),  # a residual beside the layer: no second convolution
+    lambda x: torch.tanh(PLANE(x) + PLANE(x).flip(-1)),  # one layer's products twice: not two of one input
+    lambda x: torch.tanh(torch.einsum("nkhw,okhw->nohw", F.unfold(x, 3).view(4, 36, 10, 9), LOCAL.flatten(1, 2))),
+    lambda x: torch.tanh(PLANE(x) + F.conv2d(torch.relu(x), PLANE.weight)),  # of two values, not one
+])
+def test_a_run_of_linear_ops_that_no_one_convolution_is_keeps_its_ops(body):
+    assert ops(body, PLANE, shape=X_PLANE) != ["convolution2d", "tanh"]
+
+
+NORMED = nn.GroupNorm(4, 8, affine=False)
+
+
+def _moments_group_norm_mean(y):  # each channel's mean of the normalised value, from moments alone
+    n, c = y.shape[:2]
+    channel = y.flatten(2).mean(-1).view(n, 4, 2)
+    grouped = y.reshape(n, 4, -1)
+    spread = (grouped * grouped).mean(-1, keepdim=True) - grouped.mean(-1, keepdim=True) ** 2
+    return ((channel - grouped.mean(-1, keepdim=True)) * torch.rsqrt(spread + 1e-5)).view(n, c)
+
+
+def test_a_group_norms_mean_over_positions_from_moments_reads_as_the_norm_and_the_mean():
+    # the third adversary's L2 27 (session 35): GroupNorm then a mean, fused in closed form
+    original = lambda x: torch.sigmoid(NORMED(torch.tanh(x)).mean((2, 3)))  # noqa: E731
+    fused = lambda x: torch.sigmoid(_moments_group_norm_mean(torch.tanh(x)))  # noqa: E731
+    assert torch.allclose(original(X_IMAGE), fused(X_IMAGE), atol=1e-5)
+    assert ops(fused) == ops(original) == ["tanh", "group_norm", "sum", "mul", "sigmoid"]
+    # centred by the group's mean but not scaled by its spread is no norm
+    centred = lambda y: (y.flatten(2).mean(-1).view(4, 4, 2) - y.reshape(4, 4, -1).mean(-1, keepdim=True)).view(4, 8)
+    assert "group_norm" not in ops(lambda x: torch.sigmoid(centred(torch.tanh(x)) * 3.0))
 
 
 HALVES_K = torch.randn(3, 7), torch.randn(2, 7)  # two weights of their own

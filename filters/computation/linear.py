@@ -1,0 +1,221 @@
+"""A linear map of one value, read as the convolution it is: solved for its weights from the
+values a trace recorded, whichever ops wrote it (a Conv3d as per-depth Conv2d summed, a
+convolution as nine shifted matrix products, unfold and a product, depth taps stacked into
+channels). `_Recognisers._linear_map` (filters/computation/recognise.py) asks it where a run
+of linear ops of one input joins what a single layer would compute.
+
+The solve is least squares over output positions: a convolution shares its kernel across
+positions, so an image gives many more equations than the kernel has taps, and a fit that
+predicts positions it was not solved on is the map. A dense map of a few rows (a Linear at a
+trace's batch of 4) has more unknowns than equations: it is not solved here.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from filters.computation.names import LAYOUT_ONLY, _name, is_convolution
+from filters.computation.values import close
+
+# Ops linear in the values they read that vary (`linear_step`: the rest constant, a weight or
+# a scale); a product among them is a contraction, and windows rearranged before one are what
+# a single layer would slide over (unfold, taps stacked or concatenated, padding).
+CONTRACTIONS = frozenset({"mm", "bmm", "matmul", "addmm", "convolution"})
+REARRANGING = frozenset({"im2col", "unfold", "cat", "stack", "constant_pad_nd"})
+JOINS = frozenset({"add", "sub"})
+LINEAR_NAMES = frozenset({"add", "mul", "sum", "mm"})
+LINEAR_STEPS = (LAYOUT_ONLY - {"written_through_view", "as_strided"}) | CONTRACTIONS | REARRANGING | JOINS | {
+    "neg", "mul", "div", "sum", "mean"}
+KERNELS = range(1, 8)  # the kernel widths tried, smallest first (KernelBench's: 1 to 7)
+STRIDES = (1, 2, 3)
+DILATIONS = (1, 2, 3)
+SETTINGS_TRIED = 24  # settings that give the value's shape, solved at most per value
+UNKNOWNS = 1024  # taps and bias of one output channel at most: a solve costs their square times the rows
+SPARE_ROWS = 64  # rows solved on beyond two per unknown
+CHECKED_ROWS = 4096  # rows a fit is checked on, none of them solved on
+ZERO_TAP = 1e-5  # a solved tap this small against the largest is a zero of the kernel
+
+
+@dataclass(frozen=True)
+class LinearRun:
+    """The run of linear ops that ends at an op: the variable values it starts from (`leaves`:
+    where a non-linear op or a model input stops it), its contractions, and whether it joins
+    what one layer computes (`composed`: partial products added, or a product of rearranged
+    windows); `rearranged` where windows were rearranged on the way."""
+    leaves: frozenset
+    contractions: frozenset
+    rearranged: bool
+    composed: bool
+
+    @classmethod
+    def of(cls, op, parts: list | None) -> "LinearRun":
+        """`op`'s run from its variable inputs' (`parts`), or a run it starts (None: not a linear step)."""
+        if parts is None:
+            return cls(frozenset({op}), frozenset(), False, False)
+        name = _name(op)
+        contractions = frozenset().union(*(part.contractions for part in parts))
+        rearranged = name in REARRANGING or any(part.rearranged for part in parts)
+        joined = name in JOINS and len(parts) > 1 and all(part.contractions - other.contractions for part in parts
+                                                          for other in parts if other is not part)
+        product = name in CONTRACTIONS and any(part.rearranged for part in parts)
+        return cls(frozenset().union(*(part.leaves for part in parts)),
+                   contractions | ({op} if name in CONTRACTIONS else set()), rearranged,
+                   joined or product or any(part.composed for part in parts))
+
+
+def linear_step(op) -> bool:
+    """Whether `op` is linear in the variable values it reads, the rest being constants."""
+    name = _name(op)
+    if op.target is None or not op.variable or name not in LINEAR_STEPS:
+        return False
+    varying = [getattr(arg, "variable", False) for arg in op.args]
+    if name in ("mul", "mm", "bmm", "matmul"):
+        return sum(varying[:2]) == 1
+    if name == "div":
+        return varying[:1] == [True] and not any(varying[1:])
+    if name == "addmm":
+        return not varying[0] and sum(varying[1:3]) == 1
+    if name == "convolution":
+        return varying[:1] == [True] and not any(varying[1:])
+    return True
+
+
+def names_a_linear_map(names) -> bool:
+    """Whether what a recogniser named an op (a sum, a product, a convolution, a scale or a
+    shift) is linear in what it reads: a composite it named (a hardswish written out) ends a
+    run of linear ops there, though its last op (a division by 6) is one."""
+    return all(name in LINEAR_NAMES or is_convolution(name) for name in names)
+
+
+def joins_a_layer(op) -> bool:
+    """Whether `op` is where a composed run may be one layer: where partial products meet (an
+    addition of two varying values: a bias added is not), a product, or a reshape (a layout
+    the layer's output has once reshaped)."""
+    name = _name(op)
+    if name in JOINS:
+        return sum(getattr(arg, "variable", False) for arg in op.args[:2]) == 2
+    return name in CONTRACTIONS or name in LAYOUT_ONLY
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A square kernel's width and its stride, padding and dilation, the same along every
+    spatial dimension."""
+    kernel: int
+    stride: int
+    padding: int
+    dilation: int
+
+    def positions(self, size: tuple) -> tuple:
+        """The output positions per dimension of a `size` image convolved so."""
+        reach = self.dilation * (self.kernel - 1)
+        return tuple((n + 2 * self.padding - reach - 1) // self.stride + 1 for n in size)
+
+
+@dataclass(frozen=True)
+class Convolution:
+    """A convolution a value was solved to be: weight (out, in, *kernel), its bias (None where
+    the fit's is zero), its setting, and the value laid out as its image (batch, out, *positions)."""
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    setting: Setting
+    image: torch.Tensor
+
+
+def solve_convolution(source: torch.Tensor, value: torch.Tensor, tested) -> Convolution | None:
+    """The convolution of `source` (batch, channels, *positions) that `value` is, plus a bias
+    per output channel, or None. `value` may lay its channels first or last and its positions
+    out or flattened: (batch, out, *positions), (batch, *positions, out), (batch, out, count)
+    or (batch, count, out). `tested()` is called before each least-squares solve (it raises
+    past a reading's share)."""
+    spatial = source.dim() - 2
+    if spatial < 1 or value.dim() < 3 or value.shape[0] != source.shape[0] or not value.is_floating_point():
+        return None
+    size, tried = tuple(source.shape[2:]), 0
+    for layout in _layouts(value, spatial):
+        for setting in _settings(size, layout):
+            tried += 1
+            if tried > SETTINGS_TRIED:
+                return None
+            image = layout.reshape(*layout.shape[:2], *setting.positions(size))
+            found = _solved(source, image, setting, tested)
+            if found is not None:
+                return found
+    return None
+
+
+def _layouts(value: torch.Tensor, spatial: int) -> list:
+    """`value` as (batch, out, ...) in each layout it may have: channels first, or last."""
+    if value.dim() == spatial + 2 or (value.dim() == 3 and spatial > 1):
+        return [value, value.movedim(-1, 1)]
+    return []
+
+
+def _settings(size: tuple, layout: torch.Tensor):
+    """The settings whose convolution of a `size` image has `layout`'s positions (as many, where
+    it flattens them), the smallest kernel first."""
+    laid_out = layout.dim() == len(size) + 2
+    for kernel in KERNELS:
+        for dilation, stride in itertools.product(DILATIONS if kernel > 1 else (1,), STRIDES):
+            for padding in range(dilation * (kernel - 1) + 1):
+                setting = Setting(kernel, stride, padding, dilation)
+                positions = setting.positions(size)
+                if min(positions) >= 1 and (tuple(layout.shape[2:]) == positions if laid_out
+                                            else math.prod(positions) == layout.shape[2]):
+                    yield setting
+
+
+def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested) -> Convolution | None:
+    """The weight and bias of `setting`'s convolution of `source` into `image`, solved on some
+    output positions and checked on others, or None where no such convolution is `image`."""
+    batch, out = image.shape[:2]
+    windows = _windows(source, setting)  # (batch, channels, *positions, *kernel): a view
+    unknowns = source.shape[1] * setting.kernel ** (source.dim() - 2) + 1
+    rows = batch * math.prod(image.shape[2:])
+    solving = 2 * unknowns + SPARE_ROWS
+    if rows < solving + SPARE_ROWS or unknowns > UNKNOWNS:
+        return None  # no more equations than a fit of anything needs, or a solve past a trace's time
+    tested()
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(rows))
+    solved_on, checked_on = order[:solving], order[solving:solving + CHECKED_ROWS]
+    a, b = _rows(windows, image, solved_on)
+    solution = torch.linalg.lstsq(a, b).solution  # (unknowns, out)
+    if not torch.isfinite(solution).all():
+        return None
+    a, b = _rows(windows, image, checked_on)
+    if not close((a @ solution).float(), b.float(), 1e-3):
+        return None
+    taps, bias = solution[:-1].T, solution[-1]
+    taps = torch.where(taps.abs() > ZERO_TAP * taps.abs().max(), taps, torch.zeros_like(taps))
+    weight = taps.reshape(out, source.shape[1], *[setting.kernel] * (source.dim() - 2)).float()
+    bias = None if float(bias.abs().max()) <= ZERO_TAP * max(float(b.abs().max()), 1e-30) else bias.float()
+    return Convolution(weight.to(source.device), None if bias is None else bias.to(source.device), setting,
+                       image)
+
+
+def _windows(source: torch.Tensor, setting: Setting) -> torch.Tensor:
+    """Each output position's window of the padded `source`: (batch, channels, *positions,
+    *kernel), a view of it."""
+    spatial = source.dim() - 2
+    padded = F.pad(source, [setting.padding] * (2 * spatial))
+    span = setting.dilation * (setting.kernel - 1) + 1
+    for dim in range(2, 2 + spatial):
+        padded = padded.unfold(dim, span, setting.stride)
+    return padded[(..., *[slice(None, None, setting.dilation)] * spatial)]
+
+
+def _rows(windows: torch.Tensor, image: torch.Tensor, chosen: torch.Tensor) -> tuple:
+    """(the windows of the `chosen` output positions, each with a 1 for the bias; the image's
+    values there), as float64 matrices on the CPU."""
+    positions = image.shape[2:]
+    index = torch.unravel_index(chosen.to(image.device), (image.shape[0], *positions))
+    spatial = len(positions)
+    windows = windows.movedim(1, 1 + spatial)  # (batch, *positions, channels, *kernel)
+    taken = windows[index].reshape(len(chosen), -1).double().cpu()
+    ones = torch.ones(len(chosen), 1, dtype=torch.float64)
+    values = image.movedim(1, -1)[index].double().cpu()  # (chosen, out)
+    return torch.cat([taken, ones], 1), values
