@@ -103,17 +103,19 @@ def joins_a_layer(op) -> bool:
 
 @dataclass(frozen=True)
 class Setting:
-    """A square kernel's width and its stride, padding and dilation, the same along every
-    spatial dimension."""
-    kernel: int
-    stride: int
-    padding: int
-    dilation: int
+    """A kernel's width, stride, padding and dilation along each spatial dimension."""
+    kernel: tuple
+    stride: tuple
+    padding: tuple
+    dilation: tuple
 
     def positions(self, size: tuple) -> tuple:
         """The output positions per dimension of a `size` image convolved so."""
-        reach = self.dilation * (self.kernel - 1)
-        return tuple((n + 2 * self.padding - reach - 1) // self.stride + 1 for n in size)
+        return tuple(_positions(*along) for along in zip(size, self.kernel, self.stride, self.padding, self.dilation))
+
+
+def _positions(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
 @dataclass(frozen=True)
@@ -155,18 +157,26 @@ def _layouts(value: torch.Tensor, spatial: int) -> list:
     return []
 
 
-def _settings(size: tuple, layout: torch.Tensor):
-    """The settings whose convolution of a `size` image has `layout`'s positions (as many, where
-    it flattens them), the smallest kernel first."""
-    laid_out = layout.dim() == len(size) + 2
-    for kernel in KERNELS:
-        for dilation, stride in itertools.product(DILATIONS if kernel > 1 else (1,), STRIDES):
-            for padding in range(dilation * (kernel - 1) + 1):
-                setting = Setting(kernel, stride, padding, dilation)
-                positions = setting.positions(size)
-                if min(positions) >= 1 and (tuple(layout.shape[2:]) == positions if laid_out
-                                            else math.prod(positions) == layout.shape[2]):
-                    yield setting
+def _settings(size: tuple, layout: torch.Tensor) -> list:
+    """The settings whose convolution of a `size` image has `layout`'s positions, the smallest
+    kernel first: square ones, then (where `layout` lays its positions out, not only their
+    count) each dimension's own (a 3 x 5 kernel)."""
+    square = [Setting(*zip(*[along] * len(size))) for along in _one_dimension()]
+    if layout.dim() != len(size) + 2:
+        return [setting for setting in square if min(setting.positions(size)) >= 1
+                and math.prod(setting.positions(size)) == layout.shape[2]]
+    square = [setting for setting in square if setting.positions(size) == tuple(layout.shape[2:])]
+    each = [[along for along in _one_dimension() if _positions(n, *along) == m] for n, m in zip(size, layout.shape[2:])]
+    own = sorted((Setting(*zip(*alongs)) for alongs in itertools.product(*each)),
+                 key=lambda setting: (math.prod(setting.kernel), setting.kernel))
+    return square + [setting for setting in own if setting not in square]
+
+
+def _one_dimension() -> list:
+    """(kernel, stride, padding, dilation) along one dimension, the padding up to the kernel's reach."""
+    return [(kernel, stride, padding, dilation) for kernel in KERNELS
+            for dilation, stride in itertools.product(DILATIONS if kernel > 1 else (1,), STRIDES)
+            for padding in range(dilation * (kernel - 1) + 1)]
 
 
 def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested) -> Convolution | None:
@@ -174,7 +184,7 @@ def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested)
     output positions and checked on others, or None where no such convolution is `image`."""
     batch, out = image.shape[:2]
     windows = _windows(source, setting)  # (batch, channels, *positions, *kernel): a view
-    unknowns = source.shape[1] * setting.kernel ** (source.dim() - 2) + 1
+    unknowns = source.shape[1] * math.prod(setting.kernel) + 1
     rows = batch * math.prod(image.shape[2:])
     solving = 2 * unknowns + SPARE_ROWS
     if rows < solving + SPARE_ROWS or unknowns > UNKNOWNS:
@@ -191,7 +201,7 @@ def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested)
         return None
     taps, bias = solution[:-1].T, solution[-1]
     taps = torch.where(taps.abs() > ZERO_TAP * taps.abs().max(), taps, torch.zeros_like(taps))
-    weight = taps.reshape(out, source.shape[1], *[setting.kernel] * (source.dim() - 2)).float()
+    weight = taps.reshape(out, source.shape[1], *setting.kernel).float()
     bias = None if float(bias.abs().max()) <= ZERO_TAP * max(float(b.abs().max()), 1e-30) else bias.float()
     return Convolution(weight.to(source.device), None if bias is None else bias.to(source.device), setting,
                        image)
@@ -200,12 +210,10 @@ def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested)
 def _windows(source: torch.Tensor, setting: Setting) -> torch.Tensor:
     """Each output position's window of the padded `source`: (batch, channels, *positions,
     *kernel), a view of it."""
-    spatial = source.dim() - 2
-    padded = F.pad(source, [setting.padding] * (2 * spatial))
-    span = setting.dilation * (setting.kernel - 1) + 1
-    for dim in range(2, 2 + spatial):
-        padded = padded.unfold(dim, span, setting.stride)
-    return padded[(..., *[slice(None, None, setting.dilation)] * spatial)]
+    padded = F.pad(source, [pad for padding in reversed(setting.padding) for pad in (padding, padding)])
+    for dim, (kernel, stride, dilation) in enumerate(zip(setting.kernel, setting.stride, setting.dilation), 2):
+        padded = padded.unfold(dim, dilation * (kernel - 1) + 1, stride)
+    return padded[(..., *[slice(None, None, dilation) for dilation in setting.dilation])]
 
 
 def _rows(windows: torch.Tensor, image: torch.Tensor, chosen: torch.Tensor) -> tuple:

@@ -567,10 +567,9 @@ class _Recognisers:
         if found is None:
             return None
         self.linear_maps.add(op)
-        setting, spatial = found.setting, source.value.dim() - 2
-        name = convolution_names(source.value.float(), found.weight, found.image, (setting.stride,) * spatial,
-                                 (setting.padding,) * spatial, (setting.dilation,) * spatial, 1,
-                                 found.bias is not None, transposed=False)
+        setting = found.setting
+        name = convolution_names(source.value.float(), found.weight, found.image, setting.stride, setting.padding,
+                                 setting.dilation, 1, found.bias is not None, transposed=False)
         return tuple(name), [source]
 
     def _solved(self) -> None:

@@ -455,6 +455,14 @@ def _row_convolutions(x):  # one (1, 3) convolution per kernel row, over rows sh
                for r in range(3))
 
 
+ASYMMETRIC = nn.Conv2d(4, 6, (3, 5), padding=(1, 2))
+
+
+def _asymmetric_unfold(x):  # a 3 x 5 kernel's windows, padded, as one product
+    cols = ASYMMETRIC.weight.flatten(1) @ F.unfold(x, (3, 5), padding=(1, 2)) + ASYMMETRIC.bias[:, None]
+    return cols.view(x.shape[0], 6, *x.shape[2:])
+
+
 def _per_depth_planes(x):  # a Conv3d as a Conv2d per depth tap over frames, summed
     n, c, d, h, w = x.shape
     depth = d - 2
@@ -472,6 +480,7 @@ def _depth_taps_stacked(x):  # the depth taps stacked into channels, then a (1, 
 
 @pytest.mark.parametrize("layer, written, shape", [
     (PLANE, _shifted_einsums, X_PLANE), (PLANE, _unfold_product, X_PLANE), (PLANE, _row_convolutions, X_PLANE),
+    (ASYMMETRIC, _asymmetric_unfold, X_PLANE),
     (VOLUME, _per_depth_planes, X_VOLUME), (VOLUME, _depth_taps_stacked, X_VOLUME)])
 def test_a_convolution_written_as_a_run_of_linear_ops_reads_as_the_convolution(layer, written, shape):
     x = torch.randn(*shape)
