@@ -82,6 +82,8 @@ class _Recognisers:
                 return (name,), [node]
             if node in factors and (name := self._times_a_function_of_it(op, node, factors)):
                 return (name, "mul"), [node]
+            if len(factors) > 1 and (name := self._scaled_function_of_it(op, node, factors)):
+                return (name, "mul"), [node]
         # a maximum over windows is a pooling before it is a reduction of the windows' view
         # and two values stacked and reduced are their maximum before a reduction of the stack
         return self._sum_of_a_full_convolution(op) or self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
@@ -304,6 +306,29 @@ class _Recognisers:
             # of positive ones): `x * mish(x)` over log-sum-exps is the square it equals
             if not close(image, node.value) and close(image * node.value.float(), op.value) and \
                     all(f is node or self._made_of(f, node) for f in factors):
+                return name
+        return None
+
+    def _scaled_function_of_it(self, op, node, factors: list) -> str | None:
+        """The function f where a product `op` of values all made of `node`'s u is c * f(u) for
+        a constant c, f(u) never made alone: an adversary wrote KernelBench L2 59's
+        `silu(t) * s` as `s / 2 * t * (1 + tanh(t / 2))` (`sigmoid mul mul` against `silu
+        mul`). Read `f mul`, as the function and then its scale."""
+        if not all(self._made_of(factor, node) for factor in factors):
+            return None
+        target = self._sample(op)
+        if node not in self.images:
+            self._elementwise(op, node)
+        images = self.images[node]
+        scales = (images * target).sum(1) / (images * images).sum(1).clamp_min(1e-30)
+        fitted = scales[:, None] * images
+        bound = 2e-4 * torch.maximum(fitted.abs().amax(dim=1), target.abs().max())
+        for hit in ((fitted - target).abs().amax(dim=1) <= bound).nonzero().flatten().tolist():
+            name, f = ELEMENTWISE[hit]
+            image = f(node.value.float())
+            scale = float(scales[hit])
+            if abs(scale - 1) > 1e-4 and abs(scale) > 1e-6 and not close(image, node.value) \
+                    and close(scale * image, op.value):
                 return name
         return None
 

@@ -342,6 +342,16 @@ def test_a_product_of_a_value_and_a_function_of_it_reads_alike_however_grouped()
         == ["hardswish", "mul"]
 
 
+def test_a_scaled_function_of_a_value_never_made_alone_reads_as_the_function_and_its_scale():
+    # the third adversary's L2 59 (session 35): silu(t) * s as s / 2 * t * (1 + tanh(t / 2))
+    written = lambda x: (t := torch.tanh(x), 1.5 * t * (1.0 + torch.tanh(0.5 * t)))[1]  # noqa: E731
+    original = lambda x: F.silu(torch.tanh(x)) * 3.0  # noqa: E731
+    assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
+    assert ops(written) == ops(original) == ["tanh", "silu", "mul"]
+    # a product by a value not made of the same one is no such function
+    assert "silu" not in ops(lambda x: (t := torch.tanh(x), 1.5 * t * (1.0 + torch.tanh(0.5 * x)))[1])
+
+
 SPLIT = nn.Conv2d(8, 4, 3, padding=1)
 
 
