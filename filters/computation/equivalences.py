@@ -140,6 +140,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.linear_runs: dict = {}  # op -> the run of linear ops it ends (recognise._linear_run)
         self.linear_maps: set = set()  # ops a run of linear ops was solved at as one convolution
         self.linear_solves = 0
+        self.shared_runs: set = set()  # linear maps solved whose inside something else reads too: not absorbed
         self.made_constant: set = set()
         self.squash_reach: dict = {}  # a sigmoid or tanh read with its maps -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
@@ -276,7 +277,8 @@ class _Equivalences(_Unspelled, _Recognisers):
             if not names_a_linear_map(found[0]):
                 self.linear_runs[op] = LinearRun.of(op, None)  # a function of what it reads: no linear step
             inside = self._between(op, min(found[1], key=lambda n: n.index))
-            self.absorbed |= inside
+            if op not in self.shared_runs:
+                self.absorbed |= inside
             if affine:
                 self.folded |= inside
 

@@ -22,14 +22,21 @@ from filters.computation.names import LAYOUT_ONLY, _name, is_convolution
 from filters.computation.values import close
 
 # Ops linear in the values they read that vary (`linear_step`: the rest constant, a weight or
-# a scale); a product among them is a contraction, and windows rearranged before one are what
-# a single layer would slide over (unfold, taps stacked or concatenated, padding).
+# a scale). A product among them is a contraction; a window made of a value (unfold, taps
+# stacked or concatenated) or a part cut from one (a shifted slice) is what a single layer
+# would slide over. A run of such ops is solved only where each of the partial values it joins
+# holds a contraction, and a contraction or a cut of its own, and a cut or a convolution is
+# among them: a residual `conv(x) + x` is two things, and `fc1(x) + fc2(x)` of one whole value
+# is a product, not a convolution.
 CONTRACTIONS = frozenset({"mm", "bmm", "matmul", "addmm", "convolution"})
-REARRANGING = frozenset({"im2col", "unfold", "cat", "stack", "constant_pad_nd"})
+WINDOWS = frozenset({"im2col", "unfold", "cat", "stack"})
+CUTS = frozenset({"slice", "select", "narrow", "split", "split_with_sizes", "unsafe_split", "chunk", "unbind",
+                  "tensor_split"})
 JOINS = frozenset({"add", "sub"})
+SUMS = frozenset({"sum", "mean"})  # a join of stacked parts (`stack(parts).sum(0)`)
 LINEAR_NAMES = frozenset({"add", "mul", "sum", "mm"})
-LINEAR_STEPS = (LAYOUT_ONLY - {"written_through_view", "as_strided"}) | CONTRACTIONS | REARRANGING | JOINS | {
-    "neg", "mul", "div", "sum", "mean"}
+LINEAR_STEPS = (LAYOUT_ONLY - {"written_through_view", "as_strided"}) | CONTRACTIONS | WINDOWS | JOINS | \
+    SUMS | {"neg", "mul", "div", "constant_pad_nd"}
 KERNELS = range(1, 8)  # the kernel widths tried, smallest first (KernelBench's: 1 to 7)
 STRIDES = (1, 2, 3)
 DILATIONS = (1, 2, 3)
@@ -43,28 +50,44 @@ ZERO_TAP = 1e-5  # a solved tap this small against the largest is a zero of the 
 @dataclass(frozen=True)
 class LinearRun:
     """The run of linear ops that ends at an op: the variable values it starts from (`leaves`:
-    where a non-linear op or a model input stops it), its contractions, and whether it joins
-    what one layer computes (`composed`: partial products added, or a product of rearranged
-    windows); `rearranged` where windows were rearranged on the way."""
+    where a non-linear op or a model input stops it), its contractions and its cuts (windows
+    made, parts cut), whether windows were made on the way (`windowed`), and whether it joins
+    what one layer may compute (`composed`: partial products added or stacked, or a product
+    of windows)."""
     leaves: frozenset
     contractions: frozenset
-    rearranged: bool
+    cuts: frozenset
+    windowed: bool
     composed: bool
 
     @classmethod
     def of(cls, op, parts: list | None) -> "LinearRun":
         """`op`'s run from its variable inputs' (`parts`), or a run it starts (None: not a linear step)."""
         if parts is None:
-            return cls(frozenset({op}), frozenset(), False, False)
+            return cls(frozenset({op}), frozenset(), frozenset(), False, False)
         name = _name(op)
-        contractions = frozenset().union(*(part.contractions for part in parts))
-        rearranged = name in REARRANGING or any(part.rearranged for part in parts)
-        joined = name in JOINS and len(parts) > 1 and all(part.contractions - other.contractions for part in parts
-                                                          for other in parts if other is not part)
-        product = name in CONTRACTIONS and any(part.rearranged for part in parts)
-        return cls(frozenset().union(*(part.leaves for part in parts)),
-                   contractions | ({op} if name in CONTRACTIONS else set()), rearranged,
-                   joined or product or any(part.composed for part in parts))
+        contractions = frozenset().union(*(part.contractions for part in parts)) | (
+            {op} if name in CONTRACTIONS else set())
+        cuts = frozenset().union(*(part.cuts for part in parts)) | ({op} if _cuts(op) else set())
+        windowed = name in WINDOWS or any(part.windowed for part in parts)
+        joined = (name in JOINS or name in ("cat", "stack")) and len(parts) > 1 and \
+            cuts | {c for c in contractions if _name(c) == "convolution"} and \
+            all(part.contractions for part in parts) and all(
+                (part.contractions | part.cuts) - (other.contractions | other.cuts)
+                for part in parts for other in parts if other is not part)
+        product = name in CONTRACTIONS and any(part.windowed for part in parts)
+        return cls(frozenset().union(*(part.leaves for part in parts)), contractions, cuts, windowed,
+                   bool(joined or product or any(part.composed for part in parts)))
+
+
+def _cuts(op) -> bool:
+    """Whether `op` makes windows of a value, or cuts a part from it (a slice narrower than it)."""
+    name = _name(op)
+    if name in WINDOWS:
+        return True
+    source = op.args[0] if op.args else None
+    return name in CUTS and isinstance(getattr(source, "value", None), torch.Tensor) and \
+        isinstance(op.value, torch.Tensor) and op.value.numel() < source.value.numel()
 
 
 def linear_step(op) -> bool:
@@ -93,12 +116,12 @@ def names_a_linear_map(names) -> bool:
 
 def joins_a_layer(op) -> bool:
     """Whether `op` is where a composed run may be one layer: where partial products meet (an
-    addition of two varying values: a bias added is not), a product, or a reshape (a layout
-    the layer's output has once reshaped)."""
+    addition of two varying values: a bias added is not; a sum of them stacked), a product,
+    or a reshape (a layout the layer's output has once reshaped)."""
     name = _name(op)
     if name in JOINS:
         return sum(getattr(arg, "variable", False) for arg in op.args[:2]) == 2
-    return name in CONTRACTIONS or name in LAYOUT_ONLY
+    return name in CONTRACTIONS or name in LAYOUT_ONLY or name in SUMS
 
 
 @dataclass(frozen=True)
@@ -201,10 +224,14 @@ def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested)
         return None
     taps, bias = solution[:-1].T, solution[-1]
     taps = torch.where(taps.abs() > ZERO_TAP * taps.abs().max(), taps, torch.zeros_like(taps))
-    weight = taps.reshape(out, source.shape[1], *setting.kernel).float()
-    bias = None if float(bias.abs().max()) <= ZERO_TAP * max(float(b.abs().max()), 1e-30) else bias.float()
-    return Convolution(weight.to(source.device), None if bias is None else bias.to(source.device), setting,
-                       image)
+    weight = taps.reshape(out, source.shape[1], *setting.kernel).float().to(source.device)
+    bias = bias.float().to(source.device)
+    # every position, not the rows sampled: a red team's map differed at the 6% never drawn
+    convolve = (F.conv1d, F.conv2d, F.conv3d)[source.dim() - 3]
+    if not close(convolve(source, weight, bias, setting.stride, setting.padding, setting.dilation), image, 1e-3):
+        return None
+    kept = float(bias.abs().max()) > ZERO_TAP * max(float(b.abs().max()), 1e-30)
+    return Convolution(weight, bias if kept else None, setting, image)
 
 
 def _windows(source: torch.Tensor, setting: Setting) -> torch.Tensor:

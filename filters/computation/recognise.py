@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from filters.computation.linear import LinearRun, joins_a_layer, linear_step, solve_convolution
+from filters.computation.linear import SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
 from filters.computation.names import (CHANNEL, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names, is_convolution,
                                       norm_name)
 from filters.computation.record import _Op, argument_values
@@ -60,6 +60,7 @@ class TraceTooLong(ValueError):
 # Contractions one reading may try (`_Equivalences._tested`); the most any of 512 benchmark
 # candidates tried is in docs/decontamination.md.
 CONTRACTION_TESTS = 20_000
+EPS_SHARE = 0.1  # the largest eps a mean of a norm is read with, against the least variance it divides
 MEANED_CHANNELS = 4096  # the most channels `_mean_of_a_norm` reads a mean of
 LINEAR_SOLVES = 64  # settings of a run of linear ops solved for a convolution's weights in one reading
 
@@ -182,9 +183,9 @@ class _Recognisers:
         from moments. Tried only where the target's channels average to zero in each group,
         as such means do."""
         target = op.value
-        if target.dim() not in (2, 3) or canonical(op)[-1:] not in (["mul"], ["div"]) or \
+        if target.dim() < 2 or canonical(op)[-1:] not in (["mul"], ["div"], ["add"]) or \
                 not 4 <= target[0].numel() <= MEANED_CHANNELS:
-            return None  # (batch, channels), or its channels in groups
+            return None  # (batch, channels), its channels in groups, or (batch, channels, 1, 1)
         batch = target.shape[0]
         flat = target.float().reshape(batch, -1)
         channels = flat.shape[1]
@@ -200,8 +201,8 @@ class _Recognisers:
                 spread = grouped.var(-1, unbiased=False)  # (batch, groups)
                 offsets = (values.mean(-1).reshape(batch, groups, -1) - grouped.mean(-1, keepdim=True))
                 eps = _norm_eps(offsets, flat.reshape(batch, groups, -1), spread)
-                if eps is None or eps > MAX_EPS:
-                    continue
+                if eps is None or eps > MAX_EPS or eps > EPS_SHARE * float(spread.min()):
+                    continue  # an eps past the variance would take any scale of centred means for a norm
                 self._tested()
                 if close((offsets / torch.sqrt(spread[..., None] + eps)).reshape(target.shape), target, 2e-3):
                     name = norm_name(node.value.dim(), tuple(range(1, node.value.dim())), groups if groups > 1 else 0)
@@ -310,11 +311,11 @@ class _Recognisers:
         return None
 
     def _scaled_function_of_it(self, op, node, factors: list) -> str | None:
-        """The function f where a product `op` of values all made of `node`'s u is c * f(u) for
-        a constant c, f(u) never made alone: an adversary wrote KernelBench L2 59's
+        """The function f where a product `op` of values all made of `node`'s u element by
+        element is c * f(u) for a constant c, f(u) never made alone: an adversary wrote KernelBench L2 59's
         `silu(t) * s` as `s / 2 * t * (1 + tanh(t / 2))` (`sigmoid mul mul` against `silu
         mul`). Read `f mul`, as the function and then its scale."""
-        if not all(self._made_of(factor, node) for factor in factors):
+        if not all(self._elementwise_of(factor, node) for factor in factors):
             return None
         target = self._sample(op)
         if node not in self.images:
@@ -331,6 +332,21 @@ class _Recognisers:
                     and close(scale * image, op.value):
                 return name
         return None
+
+    def _elementwise_of(self, value, source) -> bool:
+        """Whether `value` is made of `source` alone, element by element: every varying value
+        between has its shape. A scalar made of the input (a running maximum an op wrote, a
+        mean) is no constant, though the product is a multiple of f(u) on one input."""
+        frontier, seen = [value], set()
+        while frontier:
+            node = frontier.pop()
+            if node is source or node in seen:
+                continue
+            if node.target is None or node.index < source.index or node.value.shape != source.value.shape:
+                return False
+            seen.add(node)
+            frontier += [n for n in self.inputs.get(node, []) if n.variable]
+        return True
 
     def _factors(self, op) -> list:
         """The values a product of products multiplies, however grouped, WINDOW ops back at most
@@ -570,12 +586,13 @@ class _Recognisers:
 
     def _linear_map(self, op):
         """`op` is a convolution of one earlier value, written as a run of linear ops of it that
-        joins what one layer computes: partial products of it added (a Conv3d as per-depth
-        Conv2d, nine shifted einsums), or a product of its windows rearranged (unfold and a
-        matrix product, depth taps stacked into channels). Solved for its weights from the
+        joins what one layer computes: partial products of it added or stacked and summed (a
+        Conv3d as per-depth Conv2d, nine shifted einsums), or a product of its windows (unfold
+        and a matrix product, depth taps stacked into channels). Solved for its weights from the
         values (filters/computation/linear.py) and named as that convolution (`convolution_names`),
-        read from the value. Asked at a join, a product or a reshape of such a run whose
-        inside nothing else reads."""
+        read from the value. Asked once per run, where it ends: at a join, a product, a sum or
+        a reshape that no later one continues. What the run made inside is absorbed unless
+        something else reads it (a side use of a partial sum then still reads it)."""
         run = self._linear_run(op)
         if not run.composed or len(run.leaves) != 1:
             return None
@@ -584,14 +601,13 @@ class _Recognisers:
             return None
         if _name(op) in LAYOUT_ONLY and self._reshapes_a_solved_map(op) or self._run_goes_on(op, source):
             return None  # a reshape of what was solved, or a join the next one takes in
-        inside = self._between(op, source)
-        if any(user not in inside and user is not op and self.users.get(user)
-               for node in inside for user in self.users.get(node, ())):
-            return None  # a value inside is read elsewhere too (not by a view no op reads): it stays
         found = solve_convolution(source.value.float(), op.value.float(), self._solved)
         if found is None:
             return None
         self.linear_maps.add(op)
+        inside = self._between(op, source)
+        if any(user not in inside and user is not op for node in inside for user in self.users.get(node, ())):
+            self.shared_runs.add(op)  # a value inside is read elsewhere too: it stays where that reads it
         setting = found.setting
         name = convolution_names(source.value.float(), found.weight, found.image, setting.stride, setting.padding,
                                  setting.dilation, 1, found.bias is not None, transposed=False)
@@ -609,7 +625,9 @@ class _Recognisers:
         """Whether an op that reads `op` joins the same run further (the next partial sum,
         the next reshape): solved there, once, not at each step."""
         for user in self.users.get(op, ()):
-            if joins_a_layer(user) and linear_step(user) and all(
+            # a sum of the run goes on only as a join of stacked parts, which a sum over
+            # positions is not: it is asked here too
+            if joins_a_layer(user) and _name(user) not in SUMS and linear_step(user) and all(
                     self._linear_run(node).leaves == {source} for node in self.inputs[user] if node.variable):
                 return True
         return False
