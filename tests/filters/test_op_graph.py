@@ -546,13 +546,16 @@ def test_honest_layers_padded_before_their_convolution_are_read_without_a_solve_
     assert ops(blocks, dense, shape=(4, 8, 64)) == ["mm", "add", "mm", "add", "add", "gelu"] * 5  # as before
 
 
-LOCAL = torch.randn(6, 4, 9, 10, 9)  # a kernel of its own at each position: a locally connected layer
+def _locally_connected(x):  # a kernel of its own at each position (made here: test_gpu_memory counts
+    # the process's large tensors, and one at module level is alive through every test)
+    local = torch.randn(6, 4, 9, 10, 9, generator=torch.Generator().manual_seed(0))
+    return torch.einsum("nkhw,okhw->nohw", F.unfold(x, 3).view(4, 36, 10, 9), local.flatten(1, 2))
 
 
 @pytest.mark.parametrize("body", [
     lambda x: torch.tanh(PLANE(x) + x[:, :1, 1:-1, 1:-1]),  # a residual beside the layer: no second convolution
     lambda x: torch.tanh(PLANE(x) + PLANE(x).flip(-1)),  # one layer's products twice: not two of one input
-    lambda x: torch.tanh(torch.einsum("nkhw,okhw->nohw", F.unfold(x, 3).view(4, 36, 10, 9), LOCAL.flatten(1, 2))),
+    lambda x: torch.tanh(_locally_connected(x)),
     lambda x: torch.tanh(PLANE(x) + F.conv2d(torch.relu(x), PLANE.weight)),  # of two values, not one
 ])
 def test_a_run_of_linear_ops_that_no_one_convolution_is_keeps_its_ops(body):
