@@ -45,6 +45,10 @@ UNKNOWNS = 1024  # taps and bias of one output channel at most: a solve costs th
 SPARE_ROWS = 64  # rows solved on beyond two per unknown
 CHECKED_ROWS = 4096  # rows a fit is checked on, none of them solved on
 ZERO_TAP = 1e-5  # a solved tap this small against the largest is a zero of the kernel
+# (kernel, stride, padding, dilation) along one dimension, the padding up to the kernel's reach
+ONE_DIMENSION = tuple((kernel, stride, padding, dilation) for kernel in KERNELS
+                      for dilation, stride in itertools.product(DILATIONS if kernel > 1 else (1,), STRIDES)
+                      for padding in range(dilation * (kernel - 1) + 1))
 
 
 @dataclass(frozen=True)
@@ -184,35 +188,28 @@ def _settings(size: tuple, layout: torch.Tensor) -> list:
     """The settings whose convolution of a `size` image has `layout`'s positions, the smallest
     kernel first: square ones, then (where `layout` lays its positions out, not only their
     count) each dimension's own (a 3 x 5 kernel)."""
-    square = [Setting(*zip(*[along] * len(size))) for along in _one_dimension()]
+    square = [Setting(*zip(*[along] * len(size))) for along in ONE_DIMENSION]
     if layout.dim() != len(size) + 2:
         return [setting for setting in square if min(setting.positions(size)) >= 1
                 and math.prod(setting.positions(size)) == layout.shape[2]]
     square = [setting for setting in square if setting.positions(size) == tuple(layout.shape[2:])]
-    each = [[along for along in _one_dimension() if _positions(n, *along) == m] for n, m in zip(size, layout.shape[2:])]
+    each = [[along for along in ONE_DIMENSION if _positions(n, *along) == m] for n, m in zip(size, layout.shape[2:])]
     own = sorted((Setting(*zip(*alongs)) for alongs in itertools.product(*each)),
                  key=lambda setting: (math.prod(setting.kernel), setting.kernel))
     return square + [setting for setting in own if setting not in square]
-
-
-def _one_dimension() -> list:
-    """(kernel, stride, padding, dilation) along one dimension, the padding up to the kernel's reach."""
-    return [(kernel, stride, padding, dilation) for kernel in KERNELS
-            for dilation, stride in itertools.product(DILATIONS if kernel > 1 else (1,), STRIDES)
-            for padding in range(dilation * (kernel - 1) + 1)]
 
 
 def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested) -> Convolution | None:
     """The weight and bias of `setting`'s convolution of `source` into `image`, solved on some
     output positions and checked on others, or None where no such convolution is `image`."""
     batch, out = image.shape[:2]
-    windows = _windows(source, setting)  # (batch, channels, *positions, *kernel): a view
     unknowns = source.shape[1] * math.prod(setting.kernel) + 1
     rows = batch * math.prod(image.shape[2:])
     solving = 2 * unknowns + SPARE_ROWS
     if rows < solving + SPARE_ROWS or unknowns > UNKNOWNS:
         return None  # no more equations than a fit of anything needs, or a solve past a trace's time
     tested()
+    windows = _windows(source, setting)  # (batch, channels, *positions, *kernel): a view of the padded source
     order = torch.randperm(rows, generator=torch.Generator().manual_seed(rows))
     solved_on, checked_on = order[:solving], order[solving:solving + CHECKED_ROWS]
     a, b = _rows(windows, image, solved_on)

@@ -196,10 +196,11 @@ class _Recognisers:
         for node in (n for n in window if n.value.dim() >= 3 and n.value.shape[0] == batch
                      and n.value.shape[1] == channels and n.value.is_floating_point()):
             values = node.value.float().reshape(batch, channels, -1)
+            channel_means = values.mean(-1)
             for groups in counts:
                 grouped = values.reshape(batch, groups, -1)
                 spread = grouped.var(-1, unbiased=False)  # (batch, groups)
-                offsets = (values.mean(-1).reshape(batch, groups, -1) - grouped.mean(-1, keepdim=True))
+                offsets = channel_means.reshape(batch, groups, -1) - grouped.mean(-1, keepdim=True)
                 eps = _norm_eps(offsets, flat.reshape(batch, groups, -1), spread)
                 if eps is None or eps > MAX_EPS or eps > EPS_SHARE * float(spread.min()):
                     continue  # an eps past the variance would take any scale of centred means for a norm
