@@ -137,8 +137,9 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.samples: dict = {}
         self.heads: dict = {}
         self.images: dict = {}
+        self.compositions: dict = {}  # node -> its samples' ELEMENTWISE images, and their images again
         self.linear_runs: dict = {}  # op -> the run of linear ops it ends (recognise._linear_run)
-        self.linear_maps: set = set()  # ops a run of linear ops was solved at as one convolution
+        self.linear_maps: dict = {}  # op -> the convolution a run of linear ops was solved at it as
         self.linear_solves = 0
         self.shared_runs: set = set()  # linear maps solved whose inside something else reads too: not absorbed
         self.made_constant: set = set()

@@ -425,6 +425,13 @@ LINEAR_POOLS = frozenset({"avg_pool1d", "avg_pool2d", "avg_pool3d"})
 MONOTONE = frozenset({"relu", "clamp", "sigmoid", "tanh", "exp", "log", "softplus", "selu", "hardsigmoid",
                       "log_sigmoid", "softsign"})
 GENERIC = frozenset({"add", "mul"})
+# A negation passes back through an odd function (-tanh(u) is tanh(-u)) and turns a maximum
+# into a minimum (-max(u) is min(-u)); where it then meets a matrix product or convolution,
+# whose weights take any sign, it is theirs: the weights negated (an adversary wrote
+# KernelBench L2 25's `tanh(tanh(min(conv(x))))` as `-tanh(tanh(max(conv'(x))))` of the
+# weights negated: `... max tanh tanh mul` against `... min tanh tanh`).
+ODD = frozenset({"tanh", "softsign", "erf", "sin", "sinh", "asinh", "atan", "atanh", "tan"})
+SIGN_FLIPS = {"max": "min", "min": "max"}
 _ORDER_RANK = {**dict.fromkeys(MAXIMA | LINEAR_POOLS, 0), **dict.fromkeys(MONOTONE, 1), **dict.fromkeys(GENERIC, 2)}
 SCALAR, CHANNEL = "scalar", "channel"  # how far an arithmetic op's constant reaches
 
@@ -484,11 +491,25 @@ def canonical_order(items: list[Spelled]) -> list[str]:
                 items[i:i + 2] = [Spelled(a.name, b.node, (reach, a.by[1] == b.by[1]), a.linked)]
                 changed = True
                 break
+            if _negation(b) and (a.name in ODD or a.name in SIGN_FLIPS):
+                items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), \
+                    dataclasses.replace(a, name=SIGN_FLIPS.get(a.name, a.name), linked=True)
+                changed = True
+                continue
+            if _negation(b) and len(b.by) > 2 and b.by[2] and (a.name in ("mm", "addmm") or is_convolution(a.name)):
+                del items[i + 1]
+                changed = True
+                break
             later_first = _ORDER_RANK.get(b.name, 3) < _ORDER_RANK.get(a.name, 3) or (a.name, b.name) == ("add", "mul")
             if later_first and _commute(a, b):
                 items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), dataclasses.replace(a, linked=True)
                 changed = True
     return [item.name for item in items]
+
+
+def _negation(item: Spelled) -> bool:
+    """Whether `item` is a product by a negative scalar."""
+    return item.name == "mul" and bool(item.by) and item.by[0] == SCALAR and not item.by[1]
 
 
 def _commute(a: Spelled, b: Spelled) -> bool:
@@ -500,7 +521,7 @@ def _commute(a: Spelled, b: Spelled) -> bool:
     generic, other = (a, b) if a.name in GENERIC else (b, a)
     if not generic.by or (generic.by[0] == CHANNEL and not _channels_kept(a, b, other)):
         return False
-    reach, positive = generic.by
+    reach, positive = generic.by[:2]
     order_kept = generic.name == "add" or positive  # a negative scale turns a maximum into a minimum
     if other.name in LINEAR_POOLS:
         return generic.name == "mul" or other.plain

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from filters.computation.linear import SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
+from filters.computation.linear import JOINS, SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
 from filters.computation.names import (CHANNEL, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names, is_convolution,
                                       norm_name)
 from filters.computation.record import _Op, argument_values
@@ -89,7 +89,7 @@ class _Recognisers:
         # and two values stacked and reduced are their maximum before a reduction of the stack
         return self._sum_of_a_full_convolution(op) or self._reduction(op, window, REDUCTIONS[:1]) or self._pool(op, window) or \
             self._bound_of_two(op, window) or self._reduction(op, window, REDUCTIONS[1:]) or self._squash(op) or \
-            self._sum_by_a_constant(op, window) or self._mean_of_a_norm(op, window)
+            self._sum_by_a_constant(op, window) or self._mean_of_a_norm(op, window) or self._composition(op, window)
 
     def _sum_of_a_full_convolution(self, op):
         """`op` sums (or averages) a convolution over all its positions, where every tap meets
@@ -290,6 +290,36 @@ class _Recognisers:
                 return name
         return self._piecewise_linear(op, node)
 
+    def _composition(self, op, window):
+        """`op` is g(h(u)) of an earlier value u, element by element, for two functions of
+        ELEMENTWISE, or a clamp of one of them, neither made alone: an adversary wrote
+        KernelBench L2 69's `relu(hardswish(y))` as `t (t + 3) / 6 + relu(y - t)` of `t =
+        y.clamp(0, 3)`. Read `h g`, in the order they apply. Where two orders compute the
+        same (relu and hardswish commute), g is the earlier of ELEMENTWISE (relu, first, is
+        taken as the outer: the order KernelBench's tasks write). Tried last, where nothing
+        else names `op`: a single function of any earlier value, or a chain whose steps are
+        named one by one, is read as that first."""
+        target = self._sample(op)
+        for node in (n for n in window if n.value.shape == op.value.shape):
+            if not self._elementwise_of(op, node):
+                continue
+            if node not in self.compositions:
+                images = torch.stack([f(self._sample(node)) for _, f in ELEMENTWISE])
+                self.compositions[node] = images, torch.stack([f(images) for _, f in ELEMENTWISE])
+            images, composed = self.compositions[node]
+            scale = torch.maximum(composed.abs().amax(dim=2), target.abs().max())
+            hits = ((composed - target).abs().amax(dim=2) <= 2e-4 * scale).nonzero().tolist()
+            for outer, inner in hits:  # outer first: the order of `nonzero`
+                value = ELEMENTWISE[outer][1](ELEMENTWISE[inner][1](node.value.float()))
+                if close(value, op.value):
+                    return (ELEMENTWISE[inner][0], ELEMENTWISE[outer][0]), [node]
+            low, high = target.min(), target.max()
+            clamped = images.clamp(low, high)
+            for inner in ((clamped - target).abs().amax(dim=1) <= 2e-4 * target.abs().max()).nonzero().flatten().tolist():
+                if name := _piecewise(ELEMENTWISE[inner][1](node.value.float()), op.value.float()):
+                    return (ELEMENTWISE[inner][0], name), [node]
+        return None
+
     def _times_a_function_of_it(self, op, node, factors: list) -> str | None:
         """The function f where a product `op` is u * f(u) of `node`'s u, however its factors
         are grouped: an adversary wrote KernelBench L2 26's `y * hardswish(y)` as `y * y *
@@ -381,16 +411,7 @@ class _Recognisers:
         target, source = self._sample(op), self._sample(node)
         if not (close(source.clamp(target.min(), target.max()), target) or _leaky(source, target)):
             return None
-        target, source = op.value.float(), node.value.float()
-        low, high = target.min(), target.max()
-        # values within `close`'s tolerance of one constant are no clamp's: clustered far from
-        # zero (a batch's log-sum-exps, 5.01 to 5.02), forty times them is them clamped to its
-        # own range (a disguised L2 42's `* 4.0` read `clamp` on the H100). A clamp that passes
-        # no value through is still one where values meet both bounds (relu6 of `x * 1e6`).
-        spread = float(high - low) > 2e-4 * float(torch.maximum(low.abs(), high.abs()))
-        if spread and close(source.clamp(low, high), target):
-            return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
-        return "leaky_relu" if _leaky(source, target) else None
+        return _piecewise(node.value.float(), op.value.float())
 
     def _bound_of_two(self, op, window):
         """`op` is the maximum or minimum of two earlier values, up to a positive scale, written
@@ -598,14 +619,17 @@ class _Recognisers:
         if not run.composed or len(run.leaves) != 1:
             return None
         source = next(iter(run.leaves))
-        if not isinstance(source.value, torch.Tensor) or source.value.dim() < 3 or not joins_a_layer(op):
+        if not isinstance(source.value, torch.Tensor) or source.value.dim() < 3:
+            return None
+        biased = self._biases_a_solved_map(op)
+        if not (joins_a_layer(op) or biased):
             return None
         if _name(op) in LAYOUT_ONLY and self._reshapes_a_solved_map(op) or self._run_goes_on(op, source):
             return None  # a reshape of what was solved, or a join the next one takes in
         found = solve_convolution(source.value.float(), op.value.float(), self._solved)
-        if found is None:
+        if found is None or (biased and found.bias is None):
             return None
-        self.linear_maps.add(op)
+        self.linear_maps[op] = found
         inside = self._between(op, source)
         if any(user not in inside and user is not op for node in inside for user in self.users.get(node, ())):
             self.shared_runs.add(op)  # a value inside is read elsewhere too: it stays where that reads it
@@ -635,12 +659,26 @@ class _Recognisers:
 
     def _reshapes_a_solved_map(self, op) -> bool:
         """Whether `op` reshapes (through layout ops alone) a value solved as a convolution."""
+        return self._solved_below(op, LAYOUT_ONLY) is not None
+
+    def _solved_below(self, op, through) -> object:
+        """The convolution solved at the value `op` reads through ops named in `through`
+        alone, each of one variable input; None where there is none."""
         node = op
-        while _name(node) in LAYOUT_ONLY and len(self.inputs[node]) == 1:
-            node = self._resolve(self.inputs[node][0])
+        while _name(node) in through and len([n for n in self.inputs[node] if n.variable]) == 1:
+            node = self._resolve(next(n for n in self.inputs[node] if n.variable))
             if node in self.linear_maps:
-                return True
-        return False
+                return self.linear_maps[node]
+        return None
+
+    def _biases_a_solved_map(self, op) -> bool:
+        """Whether `op` adds a constant to a convolution solved without a bias (reshaped or
+        not), which nothing else reads: the map's own bias, as a Conv2d's is (an adversary
+        added KernelBench L2 25's bias after unfold and a matrix product). Solved again there."""
+        if _name(op) not in JOINS or sum(getattr(arg, "variable", False) for arg in op.args[:2]) != 1:
+            return False
+        below = self._solved_below(op, LAYOUT_ONLY | JOINS)
+        return below is not None and below.bias is None
 
     def _linear_run(self, op) -> LinearRun:
         """The run of linear ops `op` ends (`LinearRun`), each op's found once: the ops are
@@ -706,7 +744,10 @@ class _Recognisers:
                 if weight is node:
                     continue
                 w = weight.value.float()
-                for b in (w, w.mT):
+                # a stack of slabs is one matrix of their rows: partial products of a value's
+                # feature blocks summed (an adversary's `bmm(chunks, slabs).sum(0)` of a Linear)
+                stacked = (w.reshape(-1, w.shape[-1]),) if w.dim() > 2 else ()
+                for b in (w, w.mT, *stacked):
                     if a.shape[-1] != b.shape[-2] or _matmul_shape(a, b) != tuple(target.shape):
                         continue
                     self._tested()
@@ -855,6 +896,20 @@ def _dim_tests(target: torch.Tensor) -> list:
     return tests
 
 
+
+def _piecewise(source: torch.Tensor, target: torch.Tensor) -> str | None:
+    """relu, a clamp or a leaky relu that makes `target` of `source`, or None."""
+    low, high = target.min(), target.max()
+    # values within `close`'s tolerance of one constant are no clamp's: clustered far from
+    # zero (a batch's log-sum-exps, 5.01 to 5.02), forty times them is them clamped to its
+    # own range (a disguised L2 42's `* 4.0` read `clamp` on the H100). A clamp that passes
+    # no value through is still one where values meet both bounds (relu6 of `x * 1e6`).
+    spread = float(high - low) > 2e-4 * float(torch.maximum(low.abs(), high.abs()))
+    if spread and close(source.clamp(low, high), target):
+        return "relu" if abs(float(low)) <= 1e-6 and float(source.max()) <= float(high) else "clamp"
+    return "leaky_relu" if _leaky(source, target) else None
+
+
 def _leaky(source: torch.Tensor, target: torch.Tensor) -> bool:
     negative = source < -1e-3
     if not negative.any() or negative.all():
@@ -973,8 +1028,9 @@ def _affine_coefficients(source: torch.Tensor, target: torch.Tensor, dim) -> tup
 
 
 def affine_reach(source: torch.Tensor, target: torch.Tensor) -> tuple | None:
-    """(SCALAR or CHANNEL, whether the scale is positive) where `target` is an affine map of
-    `source` by constants the same at every position: scalars, or one per channel."""
+    """(SCALAR or CHANNEL, whether the scale is positive, whether it is 1 or -1) where
+    `target` is an affine map of `source` by constants the same at every position: scalars,
+    or one per channel."""
     if source.numel() != target.numel() or not source.is_floating_point():
         return None
     source = source.reshape(target.shape)  # a view between (`[:, None]`) is the same value
@@ -983,7 +1039,7 @@ def affine_reach(source: torch.Tensor, target: torch.Tensor) -> tuple | None:
             continue
         fit = _affine_coefficients(source.float(), target.float(), dim)
         if fit is not None:
-            return reach, bool((fit[0] > 0).all())
+            return reach, bool((fit[0] > 0).all()), bool(((fit[0].abs() - 1).abs() < 1e-4).all())
     return None
 
 

@@ -353,6 +353,83 @@ def test_a_scaled_function_of_a_value_never_made_alone_reads_as_the_function_and
     assert "silu" not in ops(lambda x: (t := torch.tanh(x), 1.5 * t * (1.0 + torch.tanh(0.5 * x)))[1])
 
 
+@pytest.mark.parametrize("original, written", [
+    # the fourth adversary's L2 69 (session 36): relu(hardswish(y)) through y.clamp(0, 3)
+    (lambda x: torch.relu(F.hardswish(x)),
+     lambda x: (t := x.clamp(0.0, 3.0), t * (t + 3.0) / 6.0 + (x - t).clamp(min=0.0))[1]),
+    (lambda x: torch.tanh(torch.tanh(x)),  # tanh twice, each through expm1
+     lambda x: (s := lambda t: -torch.sign(t) * torch.expm1(-2.0 * t.abs()) / (2.0 + torch.expm1(-2.0 * t.abs())),
+                s(s(x)))[1]),
+    (lambda x: torch.tanh(F.softplus(x)), lambda x: (q := (1.0 + torch.exp(x)) ** 2, (q - 1.0) / (q + 1.0))[1]),
+    (lambda x: F.hardtanh(F.silu(x), -0.1, 0.5), lambda x: torch.minimum(x / (1.0 + torch.exp(-x)), torch.tensor(0.5))
+     .clamp(min=-0.1)),
+])
+def test_two_functions_of_a_value_written_as_one_closed_form_read_as_the_two(original, written):
+    assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
+    assert ops(written) == ops(original) and len(ops(original)) == 2
+
+
+def test_a_closed_form_that_is_no_two_functions_is_not_named_as_them():
+    assert ops(lambda x: torch.exp(-x * x)) == ["mul", "mul", "exp"]  # a Gaussian bump: no g(h(x)) of the catalog
+
+
+class _Slabs(nn.Module):  # a Linear's weight kept as four slabs of its rows: a parameter of three dimensions
+    def __init__(self, linear):
+        super().__init__()
+        self.slabs = nn.Parameter(linear.weight.detach().t().reshape(4, 4, linear.out_features).clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x):  # each block of features by its own slab, the partial products summed
+        return torch.bmm(x.reshape(x.shape[0], 4, 4).transpose(0, 1), self.slabs).sum(0) + self.bias
+
+
+SLABBED = nn.Linear(16, 12)
+SLABS = _Slabs(SLABBED)
+
+
+def test_a_linear_as_partial_products_of_feature_blocks_summed_reads_as_one():
+    # the fourth adversary's L2 81 (session 36): `bmm(chunks, slabs).sum(0)`, `mm sum add` against `mm add`
+    x = torch.randn(4, 16)
+    assert torch.allclose(SLABS(x), SLABBED(x), atol=1e-5)
+    assert ops(lambda x: torch.tanh(SLABS(x)), SLABS, shape=(4, 16)) == \
+        ops(lambda x: torch.tanh(SLABBED(x)), SLABBED, shape=(4, 16)) == ["mm", "add", "tanh"]
+
+
+def _unfold_then_bias(x):  # unfold and a product, the bias added to the positions flattened
+    return torch.matmul(PLANE.weight.flatten(1), F.unfold(x, 3)) + PLANE.bias[:, None]
+
+
+def test_a_bias_added_after_a_run_solved_as_a_convolution_is_the_convolutions_own():
+    # the fourth adversary's L2 25 and 69 (session 36): `convolution2d add` against `convolution2d`
+    x = torch.randn(*X_PLANE)
+    assert torch.allclose(_unfold_then_bias(x), PLANE(x).flatten(2), atol=1e-5)
+    original = ops(lambda x: torch.tanh(PLANE(x).flatten(2)), PLANE, shape=X_PLANE)
+    assert ops(lambda x: torch.tanh(_unfold_then_bias(x)), PLANE, shape=X_PLANE) == original == \
+        ["convolution2d", "tanh"]
+    # a shift that differs by position is no bias: it stays an addition
+    shifted = lambda x: _unfold_then_bias(x) + torch.linspace(0, 1, (x.shape[2] - 2) * (x.shape[3] - 2))  # noqa: E731
+    assert ops(lambda x: torch.tanh(shifted(x)), PLANE, shape=X_PLANE) == ["convolution2d", "add", "tanh"]
+
+
+def test_a_negation_passes_back_through_odd_functions_and_a_maximum_into_the_weights():
+    # the fourth adversary's L2 25 (session 36): tanh(tanh(min(conv(x)))) as -tanh(tanh(max(conv'(x))))
+    # of the weights negated
+    negated = nn.Conv2d(8, 4, 3)
+    with torch.no_grad():
+        negated.weight.copy_(-CONV.weight), negated.bias.copy_(-CONV.bias)
+    unpadded = nn.Conv2d(8, 4, 3)
+    with torch.no_grad():
+        unpadded.weight.copy_(CONV.weight), unpadded.bias.copy_(CONV.bias)
+    original = ops(lambda x: torch.tanh(torch.tanh(unpadded(x).amin(1))), unpadded, shape=(4, 8, 9, 9))
+    assert original == ["convolution2d", "min", "tanh", "tanh"]
+    assert ops(lambda x: -torch.tanh(torch.tanh(negated(x).amax(1))), negated, shape=(4, 8, 9, 9)) == original
+    # a sigmoid is no odd function: the sign stays where it is written
+    assert ops(lambda x: -torch.sigmoid(negated(x).amax(1)), negated, shape=(4, 8, 9, 9)) == \
+        ["convolution2d", "max", "sigmoid", "mul"]
+    # nor does a negation of the input itself vanish: it is spelled where it reaches
+    assert ops(lambda x: -torch.tanh(x.amax(1))) == ops(lambda x: torch.tanh((-x).amin(1))) == ["mul", "min", "tanh"]
+
+
 SPLIT = nn.Conv2d(8, 4, 3, padding=1)
 
 
