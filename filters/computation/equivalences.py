@@ -12,7 +12,7 @@ import torch
 from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _merged_branches, _name, canonical,
                                       convolution_names,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
-                                      ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
+                                      ELEMENT_BOUNDS, GENERIC, NORMS, SCALAR, norm_affine_reach)
 from filters.computation.linear import LinearRun, names_a_linear_map
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
 from filters.computation.record import _Op, _Recorder, argument_values
@@ -143,7 +143,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.linear_solves = 0
         self.shared_runs: set = set()  # linear maps solved whose inside something else reads too: not absorbed
         self.made_constant: set = set()
-        self.squash_reach: dict = {}  # a sigmoid or tanh read with its maps -> how far their constants reach
+        self.named_reach: dict = {}  # a composite read with its maps (a squash, a mean) -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
         self.through_constants = False
         for op in self.ops:
@@ -186,14 +186,16 @@ class _Equivalences(_Unspelled, _Recognisers):
         the same at every position (`names.canonical_order`), or None."""
         if name not in GENERIC:
             return None
-        if node in self.squash_reach:
-            return self.squash_reach[node][name]
+        if node in self.named_reach:
+            return self.named_reach[node].get(name)
         if node not in self.named and _name(node) in ELEMENT_BOUNDS:
             return bound_reach(node)
         if node not in self.named and _name(node) in NORMS and (reach := norm_affine_reach(node, name)):
             return reach
         if node in affine and len(reads[node]) == 1:
             return affine_reach(reads[node][0].value, node.value)
+        if node not in self.named and _name(node) == "mean" and name == "mul":
+            return SCALAR, True, False  # a mean's division by its count
         return None
 
     def constant(self, outputs: list) -> bool:

@@ -34,9 +34,13 @@ CUTS = frozenset({"slice", "select", "narrow", "split", "split_with_sizes", "uns
                   "tensor_split"})
 JOINS = frozenset({"add", "sub"})
 SUMS = frozenset({"sum", "mean"})  # a join of stacked parts (`stack(parts).sum(0)`)
+# channels moved into positions: a product's phases laid out as one image, or its columns
+# painted and summed (a ConvTranspose as a convolution of its stride's phases and a pixel
+# shuffle, or as a product and `F.fold`)
+SHUFFLES = frozenset({"pixel_shuffle", "col2im"})
 LINEAR_NAMES = frozenset({"add", "mul", "sum", "mm"})
 LINEAR_STEPS = (LAYOUT_ONLY - {"written_through_view", "as_strided"}) | CONTRACTIONS | WINDOWS | JOINS | \
-    SUMS | {"neg", "mul", "div", "constant_pad_nd"}
+    SUMS | SHUFFLES | {"neg", "mul", "div", "constant_pad_nd"}
 KERNELS = range(1, 8)  # the kernel widths tried, smallest first (KernelBench's: 1 to 7)
 STRIDES = (1, 2, 3)
 DILATIONS = (1, 2, 3)
@@ -80,8 +84,9 @@ class LinearRun:
                 (part.contractions | part.cuts) - (other.contractions | other.cuts)
                 for part in parts for other in parts if other is not part)
         product = name in CONTRACTIONS and any(part.windowed for part in parts)
+        shuffled = name in SHUFFLES and bool(contractions)
         return cls(frozenset().union(*(part.leaves for part in parts)), contractions, cuts, windowed,
-                   bool(joined or product or any(part.composed for part in parts)))
+                   bool(joined or product or shuffled or any(part.composed for part in parts)))
 
 
 def _cuts(op) -> bool:
@@ -125,7 +130,7 @@ def joins_a_layer(op) -> bool:
     name = _name(op)
     if name in JOINS:
         return sum(getattr(arg, "variable", False) for arg in op.args[:2]) == 2
-    return name in CONTRACTIONS or name in LAYOUT_ONLY or name in SUMS
+    return name in CONTRACTIONS or name in LAYOUT_ONLY or name in SUMS or name in SHUFFLES
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,7 @@ class Convolution:
     bias: torch.Tensor | None
     setting: Setting
     image: torch.Tensor
+    convolved: torch.Tensor  # what the setting convolves: the source, or it stuffed with zeros and padded
 
 
 def solve_convolution(source: torch.Tensor, value: torch.Tensor, tested) -> Convolution | None:
@@ -166,15 +172,64 @@ def solve_convolution(source: torch.Tensor, value: torch.Tensor, tested) -> Conv
         return None
     size, tried = tuple(source.shape[2:]), 0
     for layout in _layouts(value, spatial):
-        for setting in _settings(size, layout):
+        # an image grown is a transposed convolution's before it is a plain one's padded past its kernel
+        tries = itertools.chain(((up, layout, _plain(up.kernel)) for up in _upsamplings(size, layout)), (
+            (None, layout.reshape(*layout.shape[:2], *setting.positions(size)), setting)
+            for setting in _settings(size, layout)))
+        for up, image, setting in tries:
             tried += 1
             if tried > SETTINGS_TRIED:
                 return None
-            image = layout.reshape(*layout.shape[:2], *setting.positions(size))
-            found = _solved(source, image, setting, tested)
+            found = _solved(source if up is None else _stuffed(source, up), image, setting, tested)
             if found is not None:
                 return found
     return None
+
+
+@dataclass(frozen=True)
+class Upsampling:
+    """A transposed convolution's kernel, stride, padding and output padding per dimension."""
+    kernel: tuple
+    stride: tuple
+    padding: tuple
+    extra: tuple
+
+    def positions(self, size: tuple) -> tuple:
+        return tuple((n - 1) * s - 2 * p + k + e for n, k, s, p, e in zip(size, self.kernel, self.stride, self.padding,
+                                                                          self.extra))
+
+
+# (kernel, stride, padding, output padding) along one dimension of a transposed convolution
+# that upsamples (stride 1 is a plain one, padded: `ONE_DIMENSION`)
+ONE_DIMENSION_UP = tuple((kernel, stride, padding, extra) for kernel in KERNELS for stride in STRIDES[1:]
+                         for padding in range(kernel) for extra in range(stride))
+
+
+def _upsamplings(size: tuple, layout: torch.Tensor) -> list:
+    """The transposed convolutions of a `size` image whose output has `layout`'s positions
+    (laid out, not flattened), the smallest kernel first: a ConvTranspose written as a
+    convolution of several phases and a pixel shuffle, or through `F.fold`."""
+    if layout.dim() != len(size) + 2 or all(m <= n for n, m in zip(size, layout.shape[2:])):
+        return []
+    each = [[along for along in ONE_DIMENSION_UP if (n - 1) * along[1] - 2 * along[2] + along[0] + along[3] == m]
+            for n, m in zip(size, layout.shape[2:])]
+    return sorted((Upsampling(*zip(*alongs)) for alongs in itertools.product(*each)),
+                  key=lambda up: (math.prod(up.kernel), up.kernel, up.padding, up.extra))
+
+
+def _stuffed(source: torch.Tensor, up: Upsampling) -> torch.Tensor:
+    """`source` with stride - 1 zeros between its positions, padded so that a plain
+    convolution of it by the flipped kernel is the transposed convolution."""
+    size = [(n - 1) * s + 1 for n, s in zip(source.shape[2:], up.stride)]
+    stuffed = source.new_zeros(*source.shape[:2], *size)
+    stuffed[(..., *[slice(None, None, s) for s in up.stride])] = source
+    pads = [(k - 1 - p, k - 1 - p + e) for k, p, e in zip(up.kernel, up.padding, up.extra)]
+    return F.pad(stuffed, [pad for pair in reversed(pads) for pad in pair])
+
+
+def _plain(kernel: tuple) -> Setting:
+    ones = (1,) * len(kernel)
+    return Setting(kernel, ones, (0,) * len(kernel), ones)
 
 
 def _layouts(value: torch.Tensor, spatial: int) -> list:
@@ -228,7 +283,7 @@ def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested)
     if not close(convolve(source, weight, bias, setting.stride, setting.padding, setting.dilation), image, 1e-3):
         return None
     kept = float(bias.abs().max()) > ZERO_TAP * max(float(b.abs().max()), 1e-30)
-    return Convolution(weight, bias if kept else None, setting, image)
+    return Convolution(weight, bias if kept else None, setting, image, source)
 
 
 def _windows(source: torch.Tensor, setting: Setting) -> torch.Tensor:

@@ -491,6 +491,14 @@ def canonical_order(items: list[Spelled]) -> list[str]:
                 items[i:i + 2] = [Spelled(a.name, b.node, (reach, a.by[1] == b.by[1]), a.linked)]
                 changed = True
                 break
+            if a.name == b.name == "sum":  # a sum of a sum is one, over both
+                items[i:i + 2] = [dataclasses.replace(b, linked=a.linked)]
+                changed = True
+                break
+            if b.name == "sum" and a.name == "mul" and a.by and a.by[0] == SCALAR:  # a scalar passes a sum
+                items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), dataclasses.replace(a, linked=True)
+                changed = True
+                continue
             if _negation(b) and (a.name in ODD or a.name in SIGN_FLIPS):
                 items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), \
                     dataclasses.replace(a, name=SIGN_FLIPS.get(a.name, a.name), linked=True)

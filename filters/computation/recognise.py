@@ -207,6 +207,8 @@ class _Recognisers:
                 self._tested()
                 if close((offsets / torch.sqrt(spread[..., None] + eps)).reshape(target.shape), target, 2e-3):
                     name = norm_name(node.value.dim(), tuple(range(1, node.value.dim())), groups if groups > 1 else 0)
+                    # the mean's count: a mean over the channels after it is one mean of both
+                    self.named_reach[op] = {"mul": (SCALAR, True, False)}
                     return (name, "sum", "mul"), [node]
         return None
 
@@ -252,7 +254,7 @@ class _Recognisers:
             return None  # as written: its maps are read as the arithmetic they are
         # how far the maps' constants reach, for `names.canonical_order` (the inner ones are scalars)
         per_channel = torch.as_tensor(c).numel() > 1 or torch.as_tensor(d).numel() > 1
-        self.squash_reach[op] = {"mul": (CHANNEL if per_channel else SCALAR,
+        self.named_reach[op] = {"mul": (CHANNEL if per_channel else SCALAR,
                                          a > 0 and bool((torch.as_tensor(c) > 0).all())),
                                  "add": (CHANNEL if per_channel else SCALAR, True)}
         return names, [source]
@@ -634,7 +636,7 @@ class _Recognisers:
         if any(user not in inside and user is not op for node in inside for user in self.users.get(node, ())):
             self.shared_runs.add(op)  # a value inside is read elsewhere too: it stays where that reads it
         setting = found.setting
-        name = convolution_names(source.value.float(), found.weight, found.image, setting.stride, setting.padding,
+        name = convolution_names(found.convolved, found.weight, found.image, setting.stride, setting.padding,
                                  setting.dilation, 1, found.bias is not None, transposed=False)
         return tuple(name), [source]
 

@@ -430,6 +430,37 @@ def test_a_negation_passes_back_through_odd_functions_and_a_maximum_into_the_wei
     assert ops(lambda x: -torch.tanh(x.amax(1))) == ops(lambda x: torch.tanh((-x).amin(1))) == ["mul", "min", "tanh"]
 
 
+STRIDED_UP = nn.ConvTranspose2d(4, 3, 4, stride=2)
+X_STRIDED = (4, 4, 7, 6)
+
+
+def _phases_shuffled(x):  # each of the stride's 2 x 2 output phases a 2 x 2 convolution, laid out by a pixel shuffle
+    c, o = STRIDED_UP.weight.shape[:2]
+    phases = STRIDED_UP.weight.view(c, o, 2, 2, 2, 2).flip(2, 4).permute(1, 3, 5, 0, 2, 4).reshape(o * 4, c, 2, 2)
+    return F.pixel_shuffle(F.conv2d(F.pad(x, (1, 1, 1, 1)), phases, STRIDED_UP.bias.repeat_interleave(4)), 2)
+
+
+def _columns_folded(x):  # each position's kernel-sized patch of outputs painted by F.fold, overlaps summed
+    n, c, h, w = x.shape
+    cols = torch.einsum("nchw,cm->nmhw", x, STRIDED_UP.weight.reshape(c, -1)).reshape(n, -1, h * w)
+    return F.fold(cols, (2 * h + 2, 2 * w + 2), 4, stride=2) + STRIDED_UP.bias.view(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize("written", [_phases_shuffled, _columns_folded])
+def test_a_transposed_convolution_written_out_reads_as_one(written):
+    # the fourth adversary's L2 93 and 5 (session 36): `convolution2d pixel_shuffle`, `mm col2im`
+    x = torch.randn(*X_STRIDED)
+    assert torch.allclose(written(x), STRIDED_UP(x), atol=1e-5)
+    assert ops(lambda x: torch.tanh(written(x)), STRIDED_UP, shape=X_STRIDED) == \
+        ops(lambda x: torch.tanh(STRIDED_UP(x)), STRIDED_UP, shape=X_STRIDED) == ["convolution_transpose2d", "tanh"]
+
+
+def test_phases_with_a_bias_of_their_own_are_no_transposed_convolution():
+    # a bias per phase is none that one output channel's convolution adds everywhere
+    phased = lambda x: _phases_shuffled(x) + torch.tensor([0.0, 1.0]).repeat(x.shape[3] + 1)  # noqa: E731
+    assert ops(lambda x: torch.tanh(phased(x)), STRIDED_UP, shape=X_STRIDED) != ["convolution_transpose2d", "tanh"]
+
+
 SPLIT = nn.Conv2d(8, 4, 3, padding=1)
 
 
@@ -664,6 +695,22 @@ def test_a_group_norms_mean_over_positions_from_moments_reads_as_the_norm_and_th
     # centred by the group's mean but not scaled by its spread is no norm
     centred = lambda y: (y.flatten(2).mean(-1).view(4, 4, 2) - y.reshape(4, 4, -1).mean(-1, keepdim=True)).view(4, 8)
     assert "group_norm" not in ops(lambda x: torch.sigmoid(centred(torch.tanh(x)) * 3.0))
+
+
+def test_a_mean_of_means_reads_as_one_mean_over_both():
+    # the third adversary's L2 23 (session 36): GroupNorm's channel means from moments, then
+    # their mean over channels, against one mean over channels and positions
+    original = lambda x: torch.sigmoid(NORMED(torch.tanh(x)).mean((1, 2, 3)))  # noqa: E731
+    fused = lambda x: torch.sigmoid(_moments_group_norm_mean(torch.tanh(x)).mean(-1))  # noqa: E731
+    assert torch.allclose(original(X_IMAGE), fused(X_IMAGE), atol=1e-5)
+    # each group's normalised values average to zero, so the output is a constant (as L2 23's
+    # is), read through what made it
+    assert ops(fused) == ops(original) == ["tanh", "group_norm", "sum", "mul"]
+    # sums of sums and scales between them, however grouped
+    assert ops(lambda x: (x.sum(1) * 3.0).sum((1, 2))) == ops(lambda x: x.mean((2, 3)).mean(1)) == ["sum", "mul"]
+    # a maximum between is no sum; nor is a shift one that passes a sum
+    assert ops(lambda x: x.mean((2, 3)).amax(1)) == ["sum", "max", "mul"]  # the scale after: canonical_order
+    assert ops(lambda x: (x.sum((2, 3)) + 1.0).sum(1)) == ["sum", "add", "sum"]
 
 
 HALVES_K = torch.randn(3, 7), torch.randn(2, 7)  # two weights of their own
