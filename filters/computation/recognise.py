@@ -552,6 +552,8 @@ class _Recognisers:
                 self._tested()
                 if close(_pooled(kind, x, kernel, stride, padding, dilation), target, 1e-4):
                     if all(n == 1 for n in target.shape[2:]) and not padding:
+                        if kind == "avg":  # a mean over every position: its count a scalar (`_mean_of_a_norm`)
+                            self.named_reach[op] = {"mul": (SCALAR, True, False)}
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
                     if not padding:
                         self.unpadded_pools.add(op)
