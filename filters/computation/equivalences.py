@@ -15,7 +15,7 @@ from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _
                                       ELEMENT_BOUNDS, GENERIC, NORMS, SCALAR, norm_affine_reach)
 from filters.computation.linear import LinearRun, names_a_linear_map
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
-from filters.computation.record import _Op, _Recorder, argument_values
+from filters.computation.record import _Op, _Recorder, _constant_leaves, argument_values
 from filters.computation.values import HEAD, SAMPLE, _apart_values, _is_float, _is_numeric, _uniform, close
 
 
@@ -143,6 +143,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.linear_solves = 0
         self.shared_runs: set = set()  # linear maps solved whose inside something else reads too: not absorbed
         self.made_constant: set = set()
+        self.leaf_readers: dict | None = None  # a weight (its storage) -> the varying ops that read it, once asked
         self.named_reach: dict = {}  # a composite read with its maps (a squash, a mean) -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
         self.through_constants = False
@@ -169,7 +170,28 @@ class _Equivalences(_Unspelled, _Recognisers):
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
         return canonical_order(spelled([node for node in nodes if node in names], names.get, reads.get,
                                        lambda node, name: self._arithmetic(node, name, affine, reads),
-                                       self._pooled_source))
+                                       self._pooled_source, self._free_weights))
+
+    def _free_weights(self, node) -> bool:
+        """Whether the product or convolution `node` (an op, or a run of linear ops read as one)
+        is by constants made of weights that no varying op outside it reads: a sign after it
+        is then its weights' (`names.canonical_order`). `x @ x.T` has none, and a weight tied
+        to another layer is not free (a red team's false positives)."""
+        if len(self.reads[node]) != 1:
+            return False
+        inside = self._between(node, self.reads[node][0]) | {node}
+        leaves = set().union(*(_constant_leaves(arg) for op in inside for arg in op.inputs + op.leaves
+                               if not arg.variable))
+        if not leaves:
+            return False
+        if self.leaf_readers is None:
+            self.leaf_readers = {}
+            for op in self.ops:
+                if op.variable:
+                    for arg in op.inputs + op.leaves:
+                        for leaf in (_constant_leaves(arg) if not arg.variable else ()):
+                            self.leaf_readers.setdefault(leaf, set()).add(op)
+        return all(self.leaf_readers.get(leaf, set()) <= inside for leaf in leaves)
 
     def _pooled_source(self, node) -> tuple:
         """(the value `node` reads as it reads it, whether it is an average with no padding or

@@ -33,9 +33,8 @@ import torch
 import torch.utils._pytree
 
 from filters.computation.equivalences import _Equivalences
-from filters.computation.memory import _storage
 from filters.computation.names import _name, _primitives, canonical, named_composites
-from filters.computation.record import _Op, _Recorder, _writes_its_own
+from filters.computation.record import _Op, _Recorder, _constant_leaves, _writes_its_own
 from filters.computation.values import close
 
 MAX_OP_GRAPH = 20_000  # characters of a traced op sequence a child may send: a level-3 network has a few thousand
@@ -146,21 +145,6 @@ def _kernels(recorder: "_Recorder") -> frozenset:
         if op.variable and _name(op) == "convolution" and len(op.args) > 1 and isinstance(op.args[1], _Op):
             kernels |= _constant_leaves(op.args[1])
     return frozenset(kernels)
-
-
-def _constant_leaves(node: "_Op") -> set:
-    """The storages of the leaves a constant is made of."""
-    storages, frontier, seen = set(), [node], set()
-    while frontier:
-        node = frontier.pop()
-        if id(node) in seen or not isinstance(node, _Op) or node.variable:
-            continue
-        seen.add(id(node))
-        if node.target is None:
-            storages.add(_storage(node.value))
-        else:
-            frontier.extend(node.inputs + node.leaves)
-    return storages
 
 
 def _aliases_hold(model: torch.nn.Module, inputs: list, values: "_Equivalences", outputs: list) -> bool:

@@ -201,20 +201,24 @@ class Upsampling:
 
 # (kernel, stride, padding, output padding) along one dimension of a transposed convolution
 # that upsamples (stride 1 is a plain one, padded: `ONE_DIMENSION`)
-ONE_DIMENSION_UP = tuple((kernel, stride, padding, extra) for kernel in KERNELS for stride in STRIDES[1:]
+ONE_DIMENSION_UP = tuple((kernel, stride, padding, extra) for kernel in KERNELS for stride in (2, 3, 4)
                          for padding in range(kernel) for extra in range(stride))
 
 
 def _upsamplings(size: tuple, layout: torch.Tensor) -> list:
     """The transposed convolutions of a `size` image whose output has `layout`'s positions
-    (laid out, not flattened), the smallest kernel first: a ConvTranspose written as a
-    convolution of several phases and a pixel shuffle, or through `F.fold`."""
+    (laid out, not flattened): a ConvTranspose written as a convolution of several phases and
+    a pixel shuffle, or through `F.fold`. Square ones first (the same setting along every
+    dimension), then each dimension's own, the smallest kernel first: a red team's fold of
+    kernel 4, stride 2 and padding 1 sat past the settings tried behind (2, 3) kernels."""
     if layout.dim() != len(size) + 2 or all(m <= n for n, m in zip(size, layout.shape[2:])):
         return []
     each = [[along for along in ONE_DIMENSION_UP if (n - 1) * along[1] - 2 * along[2] + along[0] + along[3] == m]
             for n, m in zip(size, layout.shape[2:])]
-    return sorted((Upsampling(*zip(*alongs)) for alongs in itertools.product(*each)),
-                  key=lambda up: (math.prod(up.kernel), up.kernel, up.padding, up.extra))
+    ups = sorted((Upsampling(*zip(*alongs)) for alongs in itertools.product(*each)),
+                 key=lambda up: (math.prod(up.kernel), up.kernel, up.padding, up.extra))
+    return [up for up in ups if len(set(zip(up.kernel, up.stride, up.padding))) == 1] + \
+        [up for up in ups if len(set(zip(up.kernel, up.stride, up.padding))) > 1]
 
 
 def _stuffed(source: torch.Tensor, up: Upsampling) -> torch.Tensor:

@@ -183,6 +183,9 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         # max(u, c) is relu(u - c) + c, and min(u, c) is min(u - c, 0) + c: a bound per channel or
         # element (an adversary wrote KernelBench's `relu(conv(x)) + b` as `maximum(conv(x) + b, b)`)
         return ["add", "relu" if bound == "max" else "clamp", "add"]
+    if name == "rsub" or (name == "sub" and not getattr(node.args[0], "variable", False)):
+        # c - u: a negation, and a shift unless c is 0 (`0.0 - t` had read as t itself, `add`)
+        return ["mul"] + (["add"] if _scalar(node.args, 1 if name == "rsub" else 0) != 0 else [])
     if name == "batch_norm" and _training(node.args):
         # on meta too, where only the shapes say it: a task whose batch norm sees one sample
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
@@ -431,6 +434,10 @@ GENERIC = frozenset({"add", "mul"})
 # KernelBench L2 25's `tanh(tanh(min(conv(x))))` as `-tanh(tanh(max(conv'(x))))` of the
 # weights negated: `... max tanh tanh mul` against `... min tanh tanh`).
 ODD = frozenset({"tanh", "softsign", "erf", "sin", "sinh", "asinh", "atan", "atanh", "tan"})
+# f(0) = 0, and f(u) has u's sign (or is 0): a relu before f is a relu after it, and is spelled
+# first (relu(hardswish(y)) is hardswish(relu(y)): KernelBench's L2 57 and 69 are one function)
+SIGN_KEEPING = frozenset({"tanh", "softsign", "erf", "hardswish", "silu", "gelu", "mish", "elu", "selu",
+                          "leaky_relu", "sinh", "asinh", "atan"})
 SIGN_FLIPS = {"max": "min", "min": "max"}
 _ORDER_RANK = {**dict.fromkeys(MAXIMA | LINEAR_POOLS, 0), **dict.fromkeys(MONOTONE, 1), **dict.fromkeys(GENERIC, 2)}
 SCALAR, CHANNEL = "scalar", "channel"  # how far an arithmetic op's constant reaches
@@ -447,10 +454,11 @@ class Spelled:
     linked: bool = False
     source: object = None  # the value it reads, as it reads it (a pooling's input)
     plain: bool = False  # an average pooling with no padding or divisor of its own
+    free: bool = False  # a product or convolution by weights that nothing else reads: a sign is theirs
 
 
 def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: None,
-            pooled_source=lambda node: (None, False)) -> list[Spelled]:
+            pooled_source=lambda node: (None, False), free_weights=lambda node: False) -> list[Spelled]:
     """The names of `nodes` in order, with what `canonical_order` needs to know of each."""
     users: dict = {}
     for node in nodes:
@@ -468,7 +476,8 @@ def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: No
         read = passed.get(reads[0], reads[0]) if len(reads) == 1 else None
         linked = previous is not None and read is previous and users.get(reads[0]) == 1
         source, plain = pooled_source(node)
-        items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain)
+        free = (names[-1] in ("mm", "addmm") or is_convolution(names[-1])) and free_weights(node)
+        items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain, free)
                   for k, name in enumerate(names)]
         previous = node
     return items
@@ -488,7 +497,7 @@ def canonical_order(items: list[Spelled]) -> list[str]:
                 continue
             if a.name == b.name and a.name in GENERIC and a.by and b.by:  # two shifts (or scales) are one
                 reach = SCALAR if a.by[0] == b.by[0] == SCALAR else CHANNEL
-                items[i:i + 2] = [Spelled(a.name, b.node, (reach, a.by[1] == b.by[1]), a.linked)]
+                items[i:i + 2] = [Spelled(a.name, b.node, (reach, a.by[1] == b.by[1], False), a.linked)]
                 changed = True
                 break
             if a.name == b.name == "sum":  # a sum of a sum is one, over both
@@ -504,11 +513,12 @@ def canonical_order(items: list[Spelled]) -> list[str]:
                     dataclasses.replace(a, name=SIGN_FLIPS.get(a.name, a.name), linked=True)
                 changed = True
                 continue
-            if _negation(b) and len(b.by) > 2 and b.by[2] and (a.name in ("mm", "addmm") or is_convolution(a.name)):
+            if _negation(b) and a.free:
                 del items[i + 1]
                 changed = True
                 break
-            later_first = _ORDER_RANK.get(b.name, 3) < _ORDER_RANK.get(a.name, 3) or (a.name, b.name) == ("add", "mul")
+            later_first = _ORDER_RANK.get(b.name, 3) < _ORDER_RANK.get(a.name, 3) or (a.name, b.name) == ("add", "mul") \
+                or (b.name == "relu" and a.name in SIGN_KEEPING)
             if later_first and _commute(a, b):
                 items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), dataclasses.replace(a, linked=True)
                 changed = True
@@ -516,8 +526,10 @@ def canonical_order(items: list[Spelled]) -> list[str]:
 
 
 def _negation(item: Spelled) -> bool:
-    """Whether `item` is a product by a negative scalar."""
-    return item.name == "mul" and bool(item.by) and item.by[0] == SCALAR and not item.by[1]
+    """Whether `item` is a product by -1 (only that passes an odd function: -2 tanh(u) is no
+    tanh(-2 u), a red team's false positive)."""
+    return item.name == "mul" and bool(item.by) and item.by[0] == SCALAR and not item.by[1] and \
+        len(item.by) > 2 and item.by[2]
 
 
 def _commute(a: Spelled, b: Spelled) -> bool:
@@ -525,7 +537,8 @@ def _commute(a: Spelled, b: Spelled) -> bool:
     if a.name in GENERIC and b.name in GENERIC:
         return bool(a.by and b.by)
     if a.name not in GENERIC and b.name not in GENERIC:
-        return bool({a.name, b.name} & MAXIMA and {a.name, b.name} & MONOTONE)
+        return bool({a.name, b.name} & MAXIMA and {a.name, b.name} & MONOTONE) or \
+            (b.name == "relu" and a.name in SIGN_KEEPING)
     generic, other = (a, b) if a.name in GENERIC else (b, a)
     if not generic.by or (generic.by[0] == CHANNEL and not _channels_kept(a, b, other)):
         return False

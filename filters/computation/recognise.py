@@ -296,11 +296,10 @@ class _Recognisers:
         """`op` is g(h(u)) of an earlier value u, element by element, for two functions of
         ELEMENTWISE, or a clamp of one of them, neither made alone: an adversary wrote
         KernelBench L2 69's `relu(hardswish(y))` as `t (t + 3) / 6 + relu(y - t)` of `t =
-        y.clamp(0, 3)`. Read `h g`, in the order they apply. Where two orders compute the
-        same (relu and hardswish commute), g is the earlier of ELEMENTWISE (relu, first, is
-        taken as the outer: the order KernelBench's tasks write). Tried last, where nothing
-        else names `op`: a single function of any earlier value, or a chain whose steps are
-        named one by one, is read as that first."""
+        y.clamp(0, 3)`. Read `h g`, in the order they apply. Where two pairs compute the same
+        (relu and hardswish commute; softsign(sigmoid(u)) is sigmoid(log_sigmoid(u))), h is the
+        earlier of ELEMENTWISE. Tried last, where nothing else names `op`: a single function
+        of any earlier value, or a chain whose steps are named one by one, is read as that."""
         target = self._sample(op)
         for node in (n for n in window if n.value.shape == op.value.shape):
             if not self._elementwise_of(op, node):
@@ -311,7 +310,7 @@ class _Recognisers:
             images, composed = self.compositions[node]
             scale = torch.maximum(composed.abs().amax(dim=2), target.abs().max())
             hits = ((composed - target).abs().amax(dim=2) <= 2e-4 * scale).nonzero().tolist()
-            for outer, inner in hits:  # outer first: the order of `nonzero`
+            for outer, inner in sorted(hits, key=lambda hit: hit[::-1]):  # the earliest inner function first
                 value = ELEMENTWISE[outer][1](ELEMENTWISE[inner][1](node.value.float()))
                 if close(value, op.value):
                     return (ELEMENTWISE[inner][0], ELEMENTWISE[outer][0]), [node]
@@ -750,7 +749,9 @@ class _Recognisers:
                 w = weight.value.float()
                 # a stack of slabs is one matrix of their rows: partial products of a value's
                 # feature blocks summed (an adversary's `bmm(chunks, slabs).sum(0)` of a Linear)
-                stacked = (w.reshape(-1, w.shape[-1]),) if w.dim() > 2 else ()
+                # (blocks taken in order, or strided: `x[:, i::4]`)
+                stacked = (w.reshape(-1, w.shape[-1]), w.transpose(0, 1).reshape(-1, w.shape[-1])) if w.dim() == 3 \
+                    else (w.reshape(-1, w.shape[-1]),) if w.dim() > 3 else ()
                 for b in (w, w.mT, *stacked):
                     if a.shape[-1] != b.shape[-2] or _matmul_shape(a, b) != tuple(target.shape):
                         continue

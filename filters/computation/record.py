@@ -309,3 +309,18 @@ def _device_fused() -> dict:
     from torch._decomp import get_decompositions
     aten = torch.ops.aten
     return get_decompositions([getattr(aten, name) for name in DEVICE_FUSED if hasattr(aten, name)])
+
+
+def _constant_leaves(node: _Op) -> set:
+    """The storages of the leaves a constant is made of."""
+    storages, frontier, seen = set(), [node], set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) in seen or not isinstance(node, _Op) or node.variable:
+            continue
+        seen.add(id(node))
+        if node.target is None:
+            storages.add(_storage(node.value))
+        else:
+            frontier.extend(node.inputs + node.leaves)
+    return storages

@@ -317,6 +317,9 @@ X_IMAGE = torch.randn(4, 8, 6, 5)
      lambda x: F.max_pool2d(F.group_norm(x, 2) * (BIAS.abs() + 0.5) + BIAS, 2)),
     # and an eval batch norm, a scale and a shift per channel, still moves as one
     (lambda x: F.avg_pool2d(BN(x), 2), lambda x: F.avg_pool2d(x, 2) * SCALE.view(1, -1, 1, 1) + SHIFT.view(1, -1, 1, 1)),
+    # a relu and a function that keeps signs and 0 (KernelBench's L2 57 and 69), a relu and a tanh
+    (lambda x: F.hardswish(torch.relu(x)), lambda x: torch.relu(F.hardswish(x))),
+    (lambda x: torch.tanh(torch.relu(x * 3.0)), lambda x: torch.relu(torch.tanh(x * 3.0))),
 ])
 def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(original, written):
     assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
@@ -361,6 +364,8 @@ def test_a_scaled_function_of_a_value_never_made_alone_reads_as_the_function_and
      lambda x: (s := lambda t: -torch.sign(t) * torch.expm1(-2.0 * t.abs()) / (2.0 + torch.expm1(-2.0 * t.abs())),
                 s(s(x)))[1]),
     (lambda x: torch.tanh(F.softplus(x)), lambda x: (q := (1.0 + torch.exp(x)) ** 2, (q - 1.0) / (q + 1.0))[1]),
+    # softsign(sigmoid(u)) is sigmoid(log_sigmoid(u)): one pair named for either (the red team's)
+    (lambda x: F.softsign(torch.sigmoid(x)), lambda x: 1.0 / (2.0 + torch.exp(-x))),
     (lambda x: F.hardtanh(F.silu(x), -0.1, 0.5), lambda x: torch.minimum(x / (1.0 + torch.exp(-x)), torch.tensor(0.5))
      .clamp(min=-0.1)),
 ])
@@ -369,29 +374,40 @@ def test_two_functions_of_a_value_written_as_one_closed_form_read_as_the_two(ori
     assert ops(written) == ops(original) and len(ops(original)) == 2
 
 
+def test_a_relu_moves_only_past_a_function_that_keeps_signs_and_zero():
+    # sigmoid(0) is 1/2: sigmoid(relu(x)) is no relu(sigmoid(x)), which is sigmoid(x)
+    assert ops(lambda x: torch.sigmoid(torch.relu(x))) == ["relu", "sigmoid"]
+    assert ops(lambda x: torch.relu(torch.sigmoid(x) - 0.6)) == ["sigmoid", "add", "relu"]
+
+
 def test_a_closed_form_that_is_no_two_functions_is_not_named_as_them():
     assert ops(lambda x: torch.exp(-x * x)) == ["mul", "mul", "exp"]  # a Gaussian bump: no g(h(x)) of the catalog
 
 
 class _Slabs(nn.Module):  # a Linear's weight kept as four slabs of its rows: a parameter of three dimensions
-    def __init__(self, linear):
+    def __init__(self, linear, strided: bool):
         super().__init__()
-        self.slabs = nn.Parameter(linear.weight.detach().t().reshape(4, 4, linear.out_features).clone())
+        rows = linear.weight.detach().t().reshape(4, 4, linear.out_features)
+        self.slabs = nn.Parameter((rows.transpose(0, 1) if strided else rows).clone())
         self.bias = nn.Parameter(linear.bias.detach().clone())
+        self.strided = strided
 
-    def forward(self, x):  # each block of features by its own slab, the partial products summed
-        return torch.bmm(x.reshape(x.shape[0], 4, 4).transpose(0, 1), self.slabs).sum(0) + self.bias
+    def forward(self, x):  # each block of features (in order, or every fourth) by its own slab, summed
+        blocks = x.reshape(x.shape[0], 4, 4)
+        blocks = blocks.permute(2, 0, 1) if self.strided else blocks.transpose(0, 1)
+        return torch.bmm(blocks, self.slabs).sum(0) + self.bias
 
 
 SLABBED = nn.Linear(16, 12)
-SLABS = _Slabs(SLABBED)
 
 
-def test_a_linear_as_partial_products_of_feature_blocks_summed_reads_as_one():
-    # the fourth adversary's L2 81 (session 36): `bmm(chunks, slabs).sum(0)`, `mm sum add` against `mm add`
-    x = torch.randn(4, 16)
-    assert torch.allclose(SLABS(x), SLABBED(x), atol=1e-5)
-    assert ops(lambda x: torch.tanh(SLABS(x)), SLABS, shape=(4, 16)) == \
+@pytest.mark.parametrize("strided", [False, True])
+def test_a_linear_as_partial_products_of_feature_blocks_summed_reads_as_one(strided):
+    # the fourth adversary's L2 81 (session 36): `bmm(chunks, slabs).sum(0)`, `mm sum add` against
+    # `mm add`; the red team's blocks `x[:, i::4]`
+    slabs, x = _Slabs(SLABBED, strided), torch.randn(4, 16)
+    assert torch.allclose(slabs(x), SLABBED(x), atol=1e-5)
+    assert ops(lambda x: torch.tanh(slabs(x)), slabs, shape=(4, 16)) == \
         ops(lambda x: torch.tanh(SLABBED(x)), SLABBED, shape=(4, 16)) == ["mm", "add", "tanh"]
 
 
@@ -428,6 +444,20 @@ def test_a_negation_passes_back_through_odd_functions_and_a_maximum_into_the_wei
         ["convolution2d", "max", "sigmoid", "mul"]
     # nor does a negation of the input itself vanish: it is spelled where it reaches
     assert ops(lambda x: -torch.tanh(x.amax(1))) == ops(lambda x: torch.tanh((-x).amin(1))) == ["mul", "min", "tanh"]
+    # `0.0 - t` is a negation too (it had read as t, `add`)
+    assert ops(lambda x: 0.0 - torch.tanh(torch.tanh(negated(x).amax(1))), negated, shape=(4, 8, 9, 9)) == original
+
+
+def test_a_sign_is_a_layers_only_where_it_is_minus_one_and_the_weights_are_the_layers_alone():
+    # the red team's false positives (session 36): -0.5 tanh(u) is no tanh(0.5 u); x x^T has no
+    # weights to take a sign, and a weight tied to two products flips both
+    assert ops(lambda x: -0.5 * torch.tanh(CONV(x))) != ops(lambda x: torch.tanh(0.5 * CONV(x)))
+    flat = (4, 6)
+    assert ops(lambda x: torch.relu(x @ x.T), shape=flat) != ops(lambda x: torch.relu(-(x @ x.T)), shape=flat)
+    tied = nn.Linear(6, 5, bias=False)
+    assert ops(lambda x: torch.tanh(x @ tied.weight.T @ tied.weight), tied, shape=flat) != \
+        ops(lambda x: torch.tanh(-(x @ tied.weight.T @ tied.weight)), tied, shape=flat)
+    assert ops(lambda x: 1.0 - F.gelu(x)) == ["gelu", "mul", "add"]  # c - u keeps its sign
 
 
 STRIDED_UP = nn.ConvTranspose2d(4, 3, 4, stride=2)
@@ -440,19 +470,26 @@ def _phases_shuffled(x):  # each of the stride's 2 x 2 output phases a 2 x 2 con
     return F.pixel_shuffle(F.conv2d(F.pad(x, (1, 1, 1, 1)), phases, STRIDED_UP.bias.repeat_interleave(4)), 2)
 
 
-def _columns_folded(x):  # each position's kernel-sized patch of outputs painted by F.fold, overlaps summed
+PADDED_UP = nn.ConvTranspose2d(4, 3, 4, stride=2, padding=1)
+
+
+def _columns_folded(x, layer=STRIDED_UP):  # each position's patch of outputs painted by F.fold, overlaps summed
     n, c, h, w = x.shape
-    cols = torch.einsum("nchw,cm->nmhw", x, STRIDED_UP.weight.reshape(c, -1)).reshape(n, -1, h * w)
-    return F.fold(cols, (2 * h + 2, 2 * w + 2), 4, stride=2) + STRIDED_UP.bias.view(1, -1, 1, 1)
+    cols = torch.einsum("nchw,cm->nmhw", x, layer.weight.reshape(c, -1)).reshape(n, -1, h * w)
+    size = [layer(x).shape[2], layer(x).shape[3]]
+    return F.fold(cols, size, 4, stride=2, padding=layer.padding) + layer.bias.view(1, -1, 1, 1)
 
 
-@pytest.mark.parametrize("written", [_phases_shuffled, _columns_folded])
-def test_a_transposed_convolution_written_out_reads_as_one(written):
+@pytest.mark.parametrize("layer, written", [
+    (STRIDED_UP, _phases_shuffled), (STRIDED_UP, _columns_folded),
+    (PADDED_UP, lambda x: _columns_folded(x, PADDED_UP)),  # the red team's: past the settings tried, behind (2, 3) kernels
+])
+def test_a_transposed_convolution_written_out_reads_as_one(layer, written):
     # the fourth adversary's L2 93 and 5 (session 36): `convolution2d pixel_shuffle`, `mm col2im`
     x = torch.randn(*X_STRIDED)
-    assert torch.allclose(written(x), STRIDED_UP(x), atol=1e-5)
-    assert ops(lambda x: torch.tanh(written(x)), STRIDED_UP, shape=X_STRIDED) == \
-        ops(lambda x: torch.tanh(STRIDED_UP(x)), STRIDED_UP, shape=X_STRIDED) == ["convolution_transpose2d", "tanh"]
+    assert torch.allclose(written(x), layer(x), atol=1e-5)
+    assert ops(lambda x: torch.tanh(written(x)), layer, shape=X_STRIDED) == \
+        ops(lambda x: torch.tanh(layer(x)), layer, shape=X_STRIDED) == ["convolution_transpose2d", "tanh"]
 
 
 def test_phases_with_a_bias_of_their_own_are_no_transposed_convolution():
