@@ -12,7 +12,7 @@ import torch
 from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _merged_branches, _name, canonical,
                                       convolution_names,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
-                                      ELEMENT_BOUNDS, GENERIC, NORMS, SCALAR, norm_affine_reach)
+                                      COUNT, ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
 from filters.computation.linear import LinearRun, names_a_linear_map
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
 from filters.computation.record import _Op, _Recorder, _constant_leaves, argument_values
@@ -184,14 +184,19 @@ class _Equivalences(_Unspelled, _Recognisers):
                                if not arg.variable))
         if not leaves:
             return False
+        readers = self._leaf_readers()
+        return all(readers.get(leaf, set()) <= inside for leaf in leaves)
+
+    def _leaf_readers(self) -> dict:
+        """Each weight's storage -> the varying ops that read it (through constants made of it),
+        found once per reading, where a sign first reaches a layer."""
         if self.leaf_readers is None:
             self.leaf_readers = {}
-            for op in self.ops:
-                if op.variable:
-                    for arg in op.inputs + op.leaves:
-                        for leaf in (_constant_leaves(arg) if not arg.variable else ()):
-                            self.leaf_readers.setdefault(leaf, set()).add(op)
-        return all(self.leaf_readers.get(leaf, set()) <= inside for leaf in leaves)
+            for op in (op for op in self.ops if op.variable):
+                for arg in (arg for arg in op.inputs + op.leaves if not arg.variable):
+                    for leaf in _constant_leaves(arg):
+                        self.leaf_readers.setdefault(leaf, set()).add(op)
+        return self.leaf_readers
 
     def _pooled_source(self, node) -> tuple:
         """(the value `node` reads as it reads it, whether it is an average with no padding or
@@ -217,7 +222,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         if node in affine and len(reads[node]) == 1:
             return affine_reach(reads[node][0].value, node.value)
         if node not in self.named and _name(node) == "mean" and name == "mul":
-            return SCALAR, True, False  # a mean's division by its count
+            return COUNT
         return None
 
     def constant(self, outputs: list) -> bool:

@@ -194,9 +194,9 @@ class Upsampling:
     padding: tuple
     extra: tuple
 
-    def positions(self, size: tuple) -> tuple:
-        return tuple((n - 1) * s - 2 * p + k + e for n, k, s, p, e in zip(size, self.kernel, self.stride, self.padding,
-                                                                          self.extra))
+    def square(self) -> bool:
+        """Whether its kernel, stride and padding are the same along every dimension."""
+        return len(set(zip(self.kernel, self.stride, self.padding))) == 1
 
 
 # (kernel, stride, padding, output padding) along one dimension of a transposed convolution
@@ -213,12 +213,14 @@ def _upsamplings(size: tuple, layout: torch.Tensor) -> list:
     kernel 4, stride 2 and padding 1 sat past the settings tried behind (2, 3) kernels."""
     if layout.dim() != len(size) + 2 or all(m <= n for n, m in zip(size, layout.shape[2:])):
         return []
-    each = [[along for along in ONE_DIMENSION_UP if (n - 1) * along[1] - 2 * along[2] + along[0] + along[3] == m]
-            for n, m in zip(size, layout.shape[2:])]
-    ups = sorted((Upsampling(*zip(*alongs)) for alongs in itertools.product(*each)),
-                 key=lambda up: (math.prod(up.kernel), up.kernel, up.padding, up.extra))
-    return [up for up in ups if len(set(zip(up.kernel, up.stride, up.padding))) == 1] + \
-        [up for up in ups if len(set(zip(up.kernel, up.stride, up.padding))) > 1]
+    each = [[along for along in ONE_DIMENSION_UP if _grown(n, *along) == m] for n, m in zip(size, layout.shape[2:])]
+    return sorted((Upsampling(*zip(*alongs)) for alongs in itertools.product(*each)),
+                  key=lambda up: (not up.square(), math.prod(up.kernel), up.kernel, up.padding, up.extra))
+
+
+def _grown(size: int, kernel: int, stride: int, padding: int, extra: int) -> int:
+    """The output positions along one dimension of a `size` image convolved transposed so."""
+    return (size - 1) * stride - 2 * padding + kernel + extra
 
 
 def _stuffed(source: torch.Tensor, up: Upsampling) -> torch.Tensor:

@@ -11,6 +11,7 @@ import functools
 import dataclasses
 import re
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -441,6 +442,7 @@ SIGN_KEEPING = frozenset({"tanh", "softsign", "erf", "hardswish", "silu", "gelu"
 SIGN_FLIPS = {"max": "min", "min": "max"}
 _ORDER_RANK = {**dict.fromkeys(MAXIMA | LINEAR_POOLS, 0), **dict.fromkeys(MONOTONE, 1), **dict.fromkeys(GENERIC, 2)}
 SCALAR, CHANNEL = "scalar", "channel"  # how far an arithmetic op's constant reaches
+COUNT = (SCALAR, True, False)  # a mean's division by its count: a positive scalar (the `by` of its `mul`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,7 +456,9 @@ class Spelled:
     linked: bool = False
     source: object = None  # the value it reads, as it reads it (a pooling's input)
     plain: bool = False  # an average pooling with no padding or divisor of its own
-    free: bool = False  # a product or convolution by weights that nothing else reads: a sign is theirs
+    # for a product or convolution, whether its weights are read by nothing else (a sign is then
+    # theirs), asked only where a negation reaches it
+    free: Callable[[], bool] | None = None
 
 
 def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: None,
@@ -476,7 +480,8 @@ def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: No
         read = passed.get(reads[0], reads[0]) if len(reads) == 1 else None
         linked = previous is not None and read is previous and users.get(reads[0]) == 1
         source, plain = pooled_source(node)
-        free = (names[-1] in ("mm", "addmm") or is_convolution(names[-1])) and free_weights(node)
+        free = functools.partial(free_weights, node) if names[-1] in ("mm", "addmm") or is_convolution(names[-1]) \
+            else None
         items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain, free)
                   for k, name in enumerate(names)]
         previous = node
@@ -513,7 +518,7 @@ def canonical_order(items: list[Spelled]) -> list[str]:
                     dataclasses.replace(a, name=SIGN_FLIPS.get(a.name, a.name), linked=True)
                 changed = True
                 continue
-            if _negation(b) and a.free:
+            if _negation(b) and a.free is not None and a.free():
                 del items[i + 1]
                 changed = True
                 break

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from filters.computation.linear import JOINS, SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
-from filters.computation.names import (CHANNEL, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names, is_convolution,
+from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names, is_convolution,
                                       norm_name)
 from filters.computation.record import _Op, argument_values
 from filters.computation.values import _apart, close
@@ -207,8 +207,7 @@ class _Recognisers:
                 self._tested()
                 if close((offsets / torch.sqrt(spread[..., None] + eps)).reshape(target.shape), target, 2e-3):
                     name = norm_name(node.value.dim(), tuple(range(1, node.value.dim())), groups if groups > 1 else 0)
-                    # the mean's count: a mean over the channels after it is one mean of both
-                    self.named_reach[op] = {"mul": (SCALAR, True, False)}
+                    self.named_reach[op] = {"mul": COUNT}  # a mean over the channels after it is one mean of both
                     return (name, "sum", "mul"), [node]
         return None
 
@@ -551,8 +550,8 @@ class _Recognisers:
                 self._tested()
                 if close(_pooled(kind, x, kernel, stride, padding, dilation), target, 1e-4):
                     if all(n == 1 for n in target.shape[2:]) and not padding:
-                        if kind == "avg":  # a mean over every position: its count a scalar (`_mean_of_a_norm`)
-                            self.named_reach[op] = {"mul": (SCALAR, True, False)}
+                        if kind == "avg":  # a mean over every position
+                            self.named_reach[op] = {"mul": COUNT}
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
                     if not padding:
                         self.unpadded_pools.add(op)
@@ -668,8 +667,8 @@ class _Recognisers:
         """The convolution solved at the value `op` reads through ops named in `through`
         alone, each of one variable input; None where there is none."""
         node = op
-        while _name(node) in through and len([n for n in self.inputs[node] if n.variable]) == 1:
-            node = self._resolve(next(n for n in self.inputs[node] if n.variable))
+        while _name(node) in through and len(variables := self._variables(node) or []) == 1:
+            node = self._resolve(variables[0])
             if node in self.linear_maps:
                 return self.linear_maps[node]
         return None
@@ -899,7 +898,6 @@ def _dim_tests(target: torch.Tensor) -> list:
         tests.append((norm_name(target.dim(), dims, groups),
                       lambda source, dims=dims, groups=groups: _is_norm_of(source, target, dims, groups)))
     return tests
-
 
 
 def _piecewise(source: torch.Tensor, target: torch.Tensor) -> str | None:
