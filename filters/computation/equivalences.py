@@ -12,7 +12,7 @@ import torch
 from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _merged_branches, _name, canonical,
                                       convolution_names,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
-                                      COUNT, ELEMENT_BOUNDS, GENERIC, NORMS, norm_affine_reach)
+                                      CHANNEL, COUNT, ELEMENT_BOUNDS, GENERIC, NORMS, SCALAR, norm_affine_reach)
 from filters.computation.linear import LinearRun, names_a_linear_map
 from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
 from filters.computation.record import _Op, _Recorder, _constant_leaves, argument_values
@@ -166,10 +166,10 @@ class _Equivalences(_Unspelled, _Recognisers):
         _join_split_products([node for node in nodes if node in names], reads, names)
         _factor_shared_products([node for node in nodes if node in names], reads, names, set(self._makers(outputs)))
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
-        _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
+        chained = _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
         return canonical_order(spelled([node for node in nodes if node in names], names.get, reads.get,
-                                       lambda node, name: self._arithmetic(node, name, affine, reads),
+                                       lambda node, name: self._chained_arithmetic(node, name, affine, reads, chained),
                                        self._pooled_source, self._free_weights))
 
     def _free_weights(self, node) -> bool:
@@ -208,6 +208,23 @@ class _Equivalences(_Unspelled, _Recognisers):
         source = next((arg for arg in node.args if isinstance(arg, _Op) and arg.variable), None)
         return source, plain_average(node)
 
+    def _chained_arithmetic(self, node, name: str, affine: set, reads: dict, chained: dict) -> tuple | None:
+        """`_arithmetic` of the map `node` spells, where `_chain_affine_maps` joined later maps
+        to it: each scale and shift as far as the widest reach among them, the scales' signs
+        multiplied (a shift chained to a mean, `x.mean(1) + b`, had no reach, and stayed
+        between two means it passes: a red team's shift between a mean of means)."""
+        own = self.names(node)
+        if node not in chained or name in own[:len(own) - len(_affine_tail(own))]:
+            return self._arithmetic(node, name, affine, reads)  # (a name before the tail too: one reach for both)
+        whole: dict = {}
+        for part in [node, *chained[node]]:
+            for step in _affine_tail(self.names(part)):
+                by = self._arithmetic(part, step, affine, reads)
+                if step == "mul" and "add" in whole:  # a scale after a shift scales it too
+                    whole["add"] = _widest(whole["add"], by and (by[0], True, True))
+                whole[step] = _widest(whole[step], by) if step in whole else by
+        return whole.get(name)
+
     def _arithmetic(self, node, name: str, affine: set, reads: dict) -> tuple | None:
         """(how far the constant reaches, whether it is positive) of arithmetic by a constant
         the same at every position (`names.canonical_order`), or None."""
@@ -221,8 +238,8 @@ class _Equivalences(_Unspelled, _Recognisers):
             return reach
         if node in affine and len(reads[node]) == 1:
             return affine_reach(reads[node][0].value, node.value)
-        if node not in self.named and _name(node) == "mean" and name == "mul":
-            return COUNT
+        if node not in self.named and canonical(node) == ["sum", "mul"] and name == "mul":
+            return COUNT  # a mean, or an average pooling whose one window is the whole value
         return None
 
     def constant(self, outputs: list) -> bool:
@@ -370,12 +387,13 @@ AFFINE = ("mul", "add")
 POWERS = frozenset({"pow", "square", "reciprocal"})  # named `mul`, and no scale
 
 
-def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> None:
+def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> dict:
     """An affine map of an affine map is one (`names` edited in place): a norm's own scale
     and shift followed by an eval batch norm's reads `mul add` once, as the same arithmetic
     folded by hand does. A map is a node of `affine` arithmetic on one variable value; it
     joins the map that made that value when nothing else reads it, and that map's tail is
-    affine (a square reads `mul`, and is no map to join)."""
+    affine (a square reads `mul`, and is no map to join). Returns each map that others joined
+    -> those, in order."""
     users = _users(nodes, reads)
     owner: dict = {}  # a node folded into an earlier map -> that map's node
     for node in nodes:
@@ -392,6 +410,10 @@ def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> No
             [op for op in AFFINE if op in tail or op in mine]
         names[node] = []
         owner[node] = previous
+    chained: dict = {}  # a map -> the maps joined to it, in order
+    for node, previous in owner.items():
+        chained.setdefault(previous, []).append(node)
+    return chained
 
 
 def _join_split_convolutions(nodes: list, reads: dict, names: dict) -> None:
@@ -569,6 +591,16 @@ def _users(nodes: list, reads: dict) -> dict:
         for read in reads[node]:
             users.setdefault(read, []).append(node)
     return users
+
+
+def _widest(by: tuple | None, other: tuple | None) -> tuple | None:
+    """Two maps' constants' reach as one map's: the wider reach, the product of their signs,
+    a unit where both are; None where either is unknown."""
+    if by is None or other is None:
+        return None
+    reach = SCALAR if by[0] == other[0] == SCALAR else CHANNEL
+    unit = len(by) > 2 and len(other) > 2 and by[2] and other[2]
+    return reach, by[1] == other[1], unit
 
 
 def _affine_tail(names: list) -> list:

@@ -176,6 +176,8 @@ def canonical(node, symbolic: bool = False) -> list[str]:
     if not symbolic and name in NORMS:
         return NORMS[name](node.args)
     if POOLING.match(name):
+        if _windows_tile(node, whole=True):  # one window over the whole value: a mean or a maximum of it
+            return ["sum", "mul"] if name.startswith("avg") else ["max"]
         return [pooling_name(name, node.args)]
     if name == "convolution" and len(node.args) >= 9:
         return _read_convolution(node)
@@ -440,6 +442,7 @@ ODD = frozenset({"tanh", "softsign", "erf", "sin", "sinh", "asinh", "atan", "ata
 SIGN_KEEPING = frozenset({"tanh", "softsign", "erf", "hardswish", "silu", "gelu", "mish", "elu", "selu",
                           "leaky_relu", "sinh", "asinh", "atan"})
 SIGN_FLIPS = {"max": "min", "min": "max"}
+POOLED_REDUCTIONS = {(pool, "sum") for pool in LINEAR_POOLS} | {(pool, "max") for pool in MAX_POOLS}
 _ORDER_RANK = {**dict.fromkeys(MAXIMA | LINEAR_POOLS, 0), **dict.fromkeys(MONOTONE, 1), **dict.fromkeys(GENERIC, 2)}
 SCALAR, CHANNEL = "scalar", "channel"  # how far an arithmetic op's constant reaches
 COUNT = (SCALAR, True, False)  # a mean's division by its count: a positive scalar (the `by` of its `mul`)
@@ -509,10 +512,17 @@ def canonical_order(items: list[Spelled]) -> list[str]:
                 items[i:i + 2] = [dataclasses.replace(b, linked=a.linked)]
                 changed = True
                 break
-            if b.name == "sum" and a.name == "mul" and a.by and a.by[0] == SCALAR:  # a scalar passes a sum
+            # a scalar passes a sum: sum(c u) is c sum(u), and sum(u + c) is sum(u) + n c (a red
+            # team shifted a mean of means between the two)
+            if b.name == "sum" and a.name in GENERIC and a.by and a.by[0] == SCALAR:
                 items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), dataclasses.replace(a, linked=True)
                 changed = True
                 continue
+            if (a.name, b.name) in POOLED_REDUCTIONS and reduces_the_tiles(a.node, b.node):
+                items[i:i + 2] = [dataclasses.replace(b, linked=a.linked)] + \
+                    [Spelled("mul", b.node, COUNT, True)] * (b.name == "sum")
+                changed = True
+                break
             if _negation(b) and (a.name in ODD or a.name in SIGN_FLIPS):
                 items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), \
                     dataclasses.replace(a, name=SIGN_FLIPS.get(a.name, a.name), linked=True)
@@ -568,6 +578,43 @@ def _channels_kept(a: Spelled, b: Spelled, other: Spelled) -> bool:
         return False
     spatial = POOLING.match(other.name)
     return spatial is None or _ndim(other.node) == int(spatial.group(2)) + 2
+
+
+def _windows_tile(node, whole: bool = False) -> bool:
+    """Whether a recorded pooling's windows tile its input exactly, each position in one
+    window: no padding, strides as wide as the windows and sizes they divide (`whole`: one
+    window as large as the input). A red team wrote a global mean as `avg_pool2d` over the
+    whole image, then a mean (`avg_pool2d sum mul` against `sum mul`)."""
+    if not POOLING.match(_name(node)) or len(node.args) < 2 or _shape(node.args[0]) is None:
+        return False
+    spatial = int(POOLING.match(_name(node)).group(2))
+    sizes = _shape(node.args[0])[-spatial:]
+    kernel = _spread(_ints(node.args[1]), spatial)
+    stride = _spread(_ints(node.args[2]), spatial) if len(node.args) > 2 and node.args[2] else kernel
+    padding = node.args[3] if len(node.args) > 3 else 0
+    dilation = node.args[4] if len(node.args) > 4 and _name(node).startswith("max") else 1
+    if len(kernel) != spatial or len(stride) != spatial or any(_ints(padding)) or any(d != 1 for d in _ints(dilation)):
+        return False
+    if whole:
+        return tuple(kernel) == tuple(sizes)
+    return all(s == k and n % k == 0 for n, k, s in zip(sizes, kernel, stride))
+
+
+TILE_REDUCTIONS = {"avg": ("sum", "mean"), "max": ("amax", "max")}
+
+
+def reduces_the_tiles(pool, reduction) -> bool:
+    """Whether `reduction` (a sum or mean of an average pooling, a maximum of a max pooling)
+    reads every position `pool`'s windows tile exactly (`_windows_tile`): the mean of the
+    windows' means is the value's mean, the largest of their maxima its maximum (a red team's
+    average pooling before a global mean)."""
+    if not POOLING.match(_name(pool)) or _name(reduction) not in TILE_REDUCTIONS[_name(pool)[:3]] \
+            or not _windows_tile(pool) \
+            or len(reduction.args) < 2 or reduction.args[0] is not pool or _shape(pool) is None:
+        return False
+    ndim, spatial = len(_shape(pool)), int(POOLING.match(_name(pool)).group(2))
+    dims = {d % ndim for d in _ints(reduction.args[1])} if reduction.args[1] not in (None, []) else set(range(ndim))
+    return set(range(ndim - spatial, ndim)) <= dims
 
 
 def plain_average(node) -> bool:

@@ -248,15 +248,34 @@ class _Recognisers:
             return None
         written = canonical(squash)[0]
         forms = _squash_forms(written, (float(inner[0]), float(inner[1])), outer)
-        names, (function, (a, b), (c, d)) = min(forms, key=lambda form: (len(form[0]) - 1, form[1][0] != "sigmoid"))
-        if function is SQUASHES[written] or not close(c * function(a * source.value.float() + b) + d, op.value):
+        # a reflection may not bring in a sign a reading cannot show (1 - sigmoid(2u) is no
+        # sigmoid(2u), and both would read `mul sigmoid`): only a -1 of a layer's weights, which
+        # vanishes into them (`names.canonical_order`), or one it takes away
+        vanishes = self._takes_a_sign(source)
+        kept = [k for k, (_, (_, (a, _), _)) in enumerate(forms)
+                if k < REFLECTED or a > 0 or (abs(a + 1) < 1e-6 and vanishes)]
+        best = min(kept, key=lambda k: (len(forms[k][0]) - (k >= REFLECTED and forms[k][1][1][0] < 0) - 1,
+                                        forms[k][1][0] != "sigmoid"))
+        names, (function, (a, b), (c, d)) = forms[best]
+        if best == 0 or not close(c * function(a * source.value.float() + b) + d, op.value):
             return None  # as written: its maps are read as the arithmetic they are
-        # how far the maps' constants reach, for `names.canonical_order` (the inner ones are scalars)
-        per_channel = torch.as_tensor(c).numel() > 1 or torch.as_tensor(d).numel() > 1
-        self.named_reach[op] = {"mul": (CHANNEL if per_channel else SCALAR,
-                                         a > 0 and bool((torch.as_tensor(c) > 0).all())),
-                                 "add": (CHANNEL if per_channel else SCALAR, True)}
+        # how far the maps' constants reach, for `names.canonical_order` (the inner ones are
+        # scalars), and whether each scale is a sign alone (a negation passes back through a maximum)
+        c = torch.as_tensor(c)
+        per_channel = c.numel() > 1 or torch.as_tensor(d).numel() > 1
+        at = next(k for k, name in enumerate(names) if name in SQUASHES)
+        scales = [abs(a)] * ("mul" in names[:at]) + c.abs().flatten().tolist() * ("mul" in names[at + 1:])
+        self.named_reach[op] = {"mul": (CHANNEL if per_channel else SCALAR, a > 0 and bool((c > 0).all()),
+                                        all(abs(scale - 1) < 1e-4 for scale in scales)),
+                                "add": (CHANNEL if per_channel else SCALAR, True)}
         return names, [source]
+
+    def _takes_a_sign(self, source) -> bool:
+        """Whether `source` is a product or convolution whose weights nothing else reads: a -1
+        after it is its weights' (`names.canonical_order`)."""
+        names = self.names(source)
+        return bool(names) and (names[-1] in ("mm", "addmm") or is_convolution(names[-1])) \
+            and self._free_weights(source)
 
     def _read_only_by(self, op, source) -> bool:
         """Whether every value between `source` and `op` is read by `op` or another of them alone."""
@@ -318,6 +337,27 @@ class _Recognisers:
             for inner in ((clamped - target).abs().amax(dim=1) <= 2e-4 * target.abs().max()).nonzero().flatten().tolist():
                 if name := _piecewise(ELEMENTWISE[inner][1](node.value.float()), op.value.float()):
                     return (ELEMENTWISE[inner][0], name), [node]
+            if names := self._composition_of_three(op, node, composed):
+                return names, [node]
+        return None
+
+    def _composition_of_three(self, op, node, composed) -> tuple | None:
+        """`op` as f(g(h(u))) of `node`'s u for three functions of ELEMENTWISE (`_composition`'s
+        pairs `composed`, on the samples): a red team wrote `sigmoid(tanh(softplus(y)))` in one
+        closed form whose intermediates are no function of the catalog (`1 / (1 + exp(-1) exp(2
+        / ((1 + e^y)^2 + 1)))`). Tried on every TRIPLE_STRIDE-th sample first (the 2,744 triples
+        of 512 samples would cost more than a reading), then in full, the earliest functions first."""
+        heads = composed[..., ::TRIPLE_STRIDE]
+        target = self._sample(op)[::TRIPLE_STRIDE]
+        tripled = torch.stack([f(heads) for _, f in ELEMENTWISE])  # (outer, middle, inner, samples)
+        scale = torch.maximum(tripled.abs().amax(dim=3), target.abs().max())
+        hits = ((tripled - target).abs().amax(dim=3) <= 2e-4 * scale).nonzero().tolist()
+        for outer, middle, inner in sorted(hits, key=lambda hit: hit[::-1])[:TRIPLES_TRIED]:
+            value = node.value.float()
+            for k in (inner, middle, outer):
+                value = ELEMENTWISE[k][1](value)
+            if close(value, op.value, TRIPLE_TOLERANCE):
+                return tuple(ELEMENTWISE[k][0] for k in (inner, middle, outer))
         return None
 
     def _times_a_function_of_it(self, op, node, factors: list) -> str | None:
@@ -549,7 +589,9 @@ class _Recognisers:
                     continue
                 self._tested()
                 if close(_pooled(kind, x, kernel, stride, padding, dilation), target, 1e-4):
-                    if all(n == 1 for n in target.shape[2:]) and not padding:
+                    # one window over all of it (a maximum's padding, where its window spans it, reads nothing)
+                    whole = not padding or (kind == "max" and close(x.amax(tuple(range(2, x.dim())), keepdim=True), target))
+                    if all(n == 1 for n in target.shape[2:]) and whole:
                         if kind == "avg":  # a mean over every position
                             self.named_reach[op] = {"mul": COUNT}
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
@@ -752,13 +794,17 @@ class _Recognisers:
                 stacked = (w.reshape(-1, w.shape[-1]), w.transpose(0, 1).reshape(-1, w.shape[-1])) if w.dim() == 3 \
                     else (w.reshape(-1, w.shape[-1]),) if w.dim() > 3 else ()
                 for b in (w, w.mT, *stacked):
-                    if a.shape[-1] != b.shape[-2] or _matmul_shape(a, b) != tuple(target.shape):
+                    # the product's shape, up to dimensions of 1 (a broadcast product of blocks
+                    # and slabs summed over the blocks keeps one: `(x.view(n, 4, 1, 4) @ slabs).sum(1)`)
+                    shape = _matmul_shape(a, b) if a.shape[-1] == b.shape[-2] else ()
+                    if not shape or _without_ones(shape) != _without_ones(target.shape):
                         continue
+                    t = target.reshape(shape)
                     self._tested()
                     rows, columns = slice(0, 3), slice(0, 16)  # a corner first: a weight can be 8192 x 8192
-                    if close(a[..., :1, :] @ b[..., columns], target[..., :1, columns], 1e-3) \
-                            and close(a[..., rows, :] @ b, target[..., rows, :], 1e-3) \
-                            and close(a @ b, target, 1e-3):  # every row: a task can fake the corner alone
+                    if close(a[..., :1, :] @ b[..., columns], t[..., :1, columns], 1e-3) \
+                            and close(a[..., rows, :] @ b, t[..., rows, :], 1e-3) \
+                            and close(a @ b, t, 1e-3):  # every row: a task can fake the corner alone
                         return ("mm",), [node] + ([weight] if weight.variable else [])
         return None
 
@@ -791,6 +837,11 @@ class _Recognisers:
         return None
 
 
+TRIPLE_STRIDE = 16  # `_composition_of_three` tries every 16th of a value's samples first
+TRIPLES_TRIED = 8  # and at most 8 triples that pass there in full
+# a tenth of `close`'s: among 2,744 triples a closed form a little off finds one (a red team's
+# log(3.005 + e^u) read as three softplus)
+TRIPLE_TOLERANCE = 2e-5
 POOL_ENDS = frozenset({"sum", "max", "avg_pool1d", "avg_pool2d", "avg_pool3d"})  # and any convolution
 FLAT_POOL_ENDS = frozenset({"sum", "max", "maximum"})  # amax, max, sum and mean of a (rows, windows, width) view,
 # and torch.maximum of its slices
@@ -833,18 +884,24 @@ def _pool_settings(size, pooled):
 
 
 SQUASHES = {"sigmoid": torch.sigmoid, "tanh": torch.tanh}
+REFLECTED = 2  # `_squash_forms`: the written function, the other, then the two reflected
 
 
 def _squash_forms(written: str, inner: tuple, outer: tuple) -> list:
     """[(names, (function, (a, b), (c, d)))] of c * f(a * u + b) + d as a sigmoid and as a tanh,
-    from the `written` one's maps: tanh(z) = 2 sigmoid(2z) - 1, sigmoid(z) = (1 + tanh(z / 2)) / 2."""
+    the `written` one's maps first, then each of the two reflected: tanh(z) = 2 sigmoid(2z) - 1,
+    sigmoid(z) = (1 + tanh(z / 2)) / 2, sigmoid(z) = 1 - sigmoid(-z), tanh(z) = -tanh(-z)
+    (`1 - sigmoid(u)` is `sigmoid(-u)`: a red team's sigmoid of a layer as one minus the
+    sigmoid of its weights negated read `sigmoid mul add` against `sigmoid`)."""
     (a, b), (c, d) = inner, outer
     if written == "tanh":
-        forms = {"tanh": ((a, b), (c, d)), "sigmoid": ((2 * a, 2 * b), (2 * c, d - c))}
+        forms = [("tanh", (a, b), (c, d)), ("sigmoid", (2 * a, 2 * b), (2 * c, d - c))]
     else:
-        forms = {"sigmoid": ((a, b), (c, d)), "tanh": ((a / 2, b / 2), (c / 2, d + c / 2))}
-    return [(_affine_names(*maps[0]) + (name,) + _affine_names(*maps[1]), (SQUASHES[name], *maps))
-            for name, maps in forms.items()]
+        forms = [("sigmoid", (a, b), (c, d)), ("tanh", (a / 2, b / 2), (c / 2, d + c / 2))]
+    reflected = {"sigmoid": lambda a, b, c, d: ((-a, -b), (-c, c + d)), "tanh": lambda a, b, c, d: ((-a, -b), (-c, d))}
+    forms += [(name, *reflected[name](*inner, *outer)) for name, inner, outer in forms]
+    return [(_affine_names(*inner) + (name,) + _affine_names(*outer), (SQUASHES[name], inner, outer))
+            for name, inner, outer in forms]
 
 
 def _along_channels(fit: tuple, ndim: int) -> tuple:
@@ -1047,7 +1104,9 @@ def affine_reach(source: torch.Tensor, target: torch.Tensor) -> tuple | None:
 
 
 REDUCTIONS = (("logsumexp", torch.logsumexp), ("max", torch.amax), ("min", torch.amin))
-SIGNS_AND_MAXIMA = frozenset({"neg", "mul", "amax", "amin", "max", "min"})
+# what may lie between a maximum and the value it is of: signs, maxima, and a sort (the fibre's
+# largest is its sorted last: a red team's `sort(1).values[:, -1]` read `sort max`)
+SIGNS_AND_MAXIMA = frozenset({"neg", "mul", "amax", "amin", "max", "min", "sort"})
 
 
 def _reduced_to(source: torch.Tensor, target: torch.Tensor):
@@ -1080,6 +1139,10 @@ def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
             return ()
         batch.insert(0, y if x == 1 else x)
     return (*batch, a.shape[-2], b.shape[-1])
+
+
+def _without_ones(shape) -> tuple:
+    return tuple(n for n in shape if n != 1)
 
 
 def _conv_settings(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor):

@@ -320,6 +320,14 @@ X_IMAGE = torch.randn(4, 8, 6, 5)
     # a relu and a function that keeps signs and 0 (KernelBench's L2 57 and 69), a relu and a tanh
     (lambda x: F.hardswish(torch.relu(x)), lambda x: torch.relu(F.hardswish(x))),
     (lambda x: torch.tanh(torch.relu(x * 3.0)), lambda x: torch.relu(torch.tanh(x * 3.0))),
+    # session 36's red team: a shift between a mean of means; a global mean as an average pooling
+    # over the whole image, or over windows that tile it, then a mean; a maximum as a sort's last
+    (lambda x: torch.sigmoid(x.mean((1, 2, 3)) + 0.3), lambda x: torch.sigmoid((x.mean((2, 3)) + 0.3).mean(1))),
+    (lambda x: torch.sigmoid(x.mean((1, 2, 3))), lambda x: torch.sigmoid(F.avg_pool2d(x, (6, 5)).mean((1, 2, 3)))),
+    (lambda x: torch.tanh(x[..., :4].mean((2, 3))), lambda x: torch.tanh(F.avg_pool2d(x[..., :4], 2).mean((2, 3)))),
+    (lambda x: torch.tanh(x[..., :4].amax((2, 3))), lambda x: torch.tanh(F.max_pool2d(x[..., :4], 2).amax((2, 3)))),
+    (lambda x: torch.tanh(x.amax(1)), lambda x: torch.tanh(x.sort(1).values[:, -1])),
+    (lambda x: torch.tanh(x.amax(1)), lambda x: torch.tanh(-(-x).sort(1, descending=True).values[:, -1])),
 ])
 def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(original, written):
     assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
@@ -374,6 +382,23 @@ def test_two_functions_of_a_value_written_as_one_closed_form_read_as_the_two(ori
     assert ops(written) == ops(original) and len(ops(original)) == 2
 
 
+def test_three_functions_of_a_value_written_as_one_closed_form_read_as_the_three():
+    # the red team's (session 36): sigmoid(tanh(softplus(y))), whose intermediates are no catalog function
+    def closed(x, e=math.exp(-1.0)):
+        q = (1.0 + torch.exp(x)) ** 2
+        return 1.0 / (1.0 + e * torch.exp(2.0 / (q + 1.0)))
+    original = lambda x: torch.sigmoid(torch.tanh(F.softplus(x)))  # noqa: E731
+    assert torch.allclose(original(X_IMAGE), closed(X_IMAGE), atol=1e-6)
+    assert ops(closed) == ops(original) == ["softplus", "tanh", "sigmoid"]
+    # a closed form a little off is none, though within `close`'s tolerance (the red team's
+    # log(3.005 + e^u), 1.7e-3 from three softplus of 4x)
+    assert ops(lambda x: torch.log(3.0 + torch.exp(4.0 * x))) == ["mul", "softplus", "softplus", "softplus"]
+    assert "softplus" not in ops(lambda x: torch.log(3.005 + torch.exp(4.0 * x)))
+    # a constant a little off is another function: no three of the catalog
+    assert torch.sigmoid(torch.tanh(F.softplus(X_IMAGE))).sub(closed(X_IMAGE, 0.35)).abs().max() > 1e-3
+    assert "softplus" not in ops(lambda x: closed(x, 0.35))
+
+
 def test_a_relu_moves_only_past_a_function_that_keeps_signs_and_zero():
     # sigmoid(0) is 1/2: sigmoid(relu(x)) is no relu(sigmoid(x)), which is sigmoid(x)
     assert ops(lambda x: torch.sigmoid(torch.relu(x))) == ["relu", "sigmoid"]
@@ -385,27 +410,29 @@ def test_a_closed_form_that_is_no_two_functions_is_not_named_as_them():
 
 
 class _Slabs(nn.Module):  # a Linear's weight kept as four slabs of its rows: a parameter of three dimensions
-    def __init__(self, linear, strided: bool):
+    def __init__(self, linear, blocks: str):
         super().__init__()
         rows = linear.weight.detach().t().reshape(4, 4, linear.out_features)
-        self.slabs = nn.Parameter((rows.transpose(0, 1) if strided else rows).clone())
+        self.slabs = nn.Parameter((rows.transpose(0, 1) if blocks == "strided" else rows).clone())
         self.bias = nn.Parameter(linear.bias.detach().clone())
-        self.strided = strided
+        self.blocks = blocks
 
     def forward(self, x):  # each block of features (in order, or every fourth) by its own slab, summed
+        if self.blocks == "broadcast":  # one block a row of its own, the product broadcast over the slabs
+            return (x.reshape(x.shape[0], 4, 1, 4) @ self.slabs).sum(1).squeeze(1) + self.bias
         blocks = x.reshape(x.shape[0], 4, 4)
-        blocks = blocks.permute(2, 0, 1) if self.strided else blocks.transpose(0, 1)
+        blocks = blocks.permute(2, 0, 1) if self.blocks == "strided" else blocks.transpose(0, 1)
         return torch.bmm(blocks, self.slabs).sum(0) + self.bias
 
 
 SLABBED = nn.Linear(16, 12)
 
 
-@pytest.mark.parametrize("strided", [False, True])
-def test_a_linear_as_partial_products_of_feature_blocks_summed_reads_as_one(strided):
+@pytest.mark.parametrize("blocks", ["in order", "strided", "broadcast"])
+def test_a_linear_as_partial_products_of_feature_blocks_summed_reads_as_one(blocks):
     # the fourth adversary's L2 81 (session 36): `bmm(chunks, slabs).sum(0)`, `mm sum add` against
-    # `mm add`; the red team's blocks `x[:, i::4]`
-    slabs, x = _Slabs(SLABBED, strided), torch.randn(4, 16)
+    # `mm add`; the red teams' blocks `x[:, i::4]` and broadcast product (`mm sum add`, 0.857)
+    slabs, x = _Slabs(SLABBED, blocks), torch.randn(4, 16)
     assert torch.allclose(slabs(x), SLABBED(x), atol=1e-5)
     assert ops(lambda x: torch.tanh(slabs(x)), slabs, shape=(4, 16)) == \
         ops(lambda x: torch.tanh(SLABBED(x)), SLABBED, shape=(4, 16)) == ["mm", "add", "tanh"]
@@ -446,6 +473,28 @@ def test_a_negation_passes_back_through_odd_functions_and_a_maximum_into_the_wei
     assert ops(lambda x: -torch.tanh(x.amax(1))) == ops(lambda x: torch.tanh((-x).amin(1))) == ["mul", "min", "tanh"]
     # `0.0 - t` is a negation too (it had read as t, `add`)
     assert ops(lambda x: 0.0 - torch.tanh(torch.tanh(negated(x).amax(1))), negated, shape=(4, 8, 9, 9)) == original
+    # 1 - sigmoid(u) is sigmoid(-u) (the red team's, session 36): the sign the weights'
+    assert ops(lambda x: 1.0 - torch.sigmoid(negated(x)), negated) == ops(unpadded, unpadded) + ["sigmoid"]
+    assert ops(lambda x: 1.0 - torch.sigmoid(x)) == ["sigmoid", "mul", "add"]  # no layer to take the sign: as written
+    assert ops(lambda x: 2.0 - torch.sigmoid(negated(x)), negated)[-1] == "add"  # a shift stays
+    assert ops(lambda x: 1.0 - 2.0 * torch.sigmoid(negated(x)), negated)[:2] != ["convolution2d", "tanh"]
+    # and where it vanishes it is read so even when the shift stays (`0.5 - sigmoid`: the red team's)
+    assert ops(lambda x: 0.5 - torch.sigmoid(negated(x)), negated) == ops(lambda x: torch.sigmoid(unpadded(x)) - 0.5,
+                                                                          unpadded)
+
+
+@pytest.mark.parametrize("reflected, plain", [
+    # the red team's false positives (session 37): a reflection that brings in a sign no reading
+    # shows (-2 against 2; the tanh form's -1/2 against 1/2) made these read alike, at 1.0
+    (lambda x: 1.0 - torch.sigmoid(2.0 * torch.relu(x)), lambda x: torch.sigmoid(2.0 * torch.relu(x))),
+    (lambda x: 1.0 - 2.0 * torch.sigmoid(torch.relu(x)), lambda x: 2.0 * torch.sigmoid(torch.relu(x)) - 1.0),
+    (lambda x: (y := CONV(x)) * (1.0 - torch.sigmoid(2.0 * torch.relu(y))),
+     lambda x: (y := CONV(x)) * torch.sigmoid(2.0 * torch.relu(y))),
+])
+def test_a_reflection_brings_in_no_sign_a_reading_cannot_show(reflected, plain):
+    assert not torch.allclose(reflected(X_IMAGE), plain(X_IMAGE), atol=1e-2)
+    assert sequence_similarity(encode(ops(reflected, CONV)), encode(ops(plain, CONV))) < 0.9, \
+        (ops(reflected, CONV), ops(plain, CONV))
 
 
 def test_a_sign_is_a_layers_only_where_it_is_minus_one_and_the_weights_are_the_layers_alone():
@@ -745,9 +794,9 @@ def test_a_mean_of_means_reads_as_one_mean_over_both():
     assert ops(fused) == ops(original) == ["tanh", "group_norm", "sum", "mul"]
     # sums of sums and scales between them, however grouped
     assert ops(lambda x: (x.sum(1) * 3.0).sum((1, 2))) == ops(lambda x: x.mean((2, 3)).mean(1)) == ["sum", "mul"]
-    # a maximum between is no sum; nor is a shift one that passes a sum
+    # a maximum between is no sum; a scalar shift passes one (sum(u + c) is sum(u) + n c)
     assert ops(lambda x: x.mean((2, 3)).amax(1)) == ["sum", "max", "mul"]  # the scale after: canonical_order
-    assert ops(lambda x: (x.sum((2, 3)) + 1.0).sum(1)) == ["sum", "add", "sum"]
+    assert ops(lambda x: (x.sum((2, 3)) + 1.0).sum(1)) == ["sum", "add"]
 
 
 HALVES_K = torch.randn(3, 7), torch.randn(2, 7)  # two weights of their own
@@ -870,6 +919,12 @@ def test_two_shifts_on_two_branches_are_not_one():
     (lambda x: F.max_pool2d(x[0] + torch.arange(8.0)[:, None, None], 2), lambda x: F.max_pool2d(x[0], 2) + 1),
     # a relu before a maximum, which equals it where a fibre has a positive element
     (lambda x: torch.relu(x).amax(1), lambda x: x.amax(1)),
+    # a 1-D pooling (recorded through a view: the red team's KeyError) keeps its windows
+    (lambda x: F.max_pool1d(x.flatten(2), 3).amax(1), lambda x: x.flatten(2).amax(1)),
+    # windows that overlap, or leave positions out, before a mean; a sort's second largest
+    (lambda x: F.avg_pool2d(x, 3, 1).mean((2, 3)), lambda x: x.mean((2, 3))),
+    (lambda x: F.avg_pool2d(x, 2).mean((2, 3)), lambda x: x.mean((2, 3))),
+    (lambda x: torch.tanh(x.sort(1).values[:, -2]), lambda x: torch.tanh(x.amax(1))),
 ])
 def test_ops_that_do_not_commute_keep_their_order(first, second):
     """Genuinely different functions (session 29's red team made each read alike)."""
