@@ -401,6 +401,9 @@ class _Recognisers:
             scale = float(scales[hit])
             if abs(scale - 1) > 1e-4 and abs(scale) > 1e-6 and not close(image, node.value) \
                     and close(scale * image, op.value):
+                # a scalar, as `canonical_order` moves one (past a clamp: the fourth adversary's
+                # L2 81, `silu(z) / 2` written `z / (2 + 2 exp(-z))` before its clamp)
+                self.named_reach[op] = {"mul": (SCALAR, scale > 0, abs(abs(scale) - 1) < 1e-4)}
                 return name
         return None
 

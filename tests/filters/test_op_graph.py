@@ -320,6 +320,9 @@ X_IMAGE = torch.randn(4, 8, 6, 5)
     # a relu and a function that keeps signs and 0 (KernelBench's L2 57 and 69), a relu and a tanh
     (lambda x: F.hardswish(torch.relu(x)), lambda x: torch.relu(F.hardswish(x))),
     (lambda x: torch.tanh(torch.relu(x * 3.0)), lambda x: torch.relu(torch.tanh(x * 3.0))),
+    # the fourth adversary's L2 81 at its own sizes: the scale of a silu written out moves past a clamp
+    (lambda x: torch.tanh(torch.clamp(F.silu(4.0 * x) / 2.0, max=1.0)),
+     lambda x: torch.tanh(torch.minimum((y := 4.0 * x) / (2.0 + 2.0 * torch.exp(-y)), torch.ones_like(x)))),
     # session 36's red team: a shift between a mean of means; a global mean as an average pooling
     # over the whole image, or over windows that tile it, then a mean; a maximum as a sort's last
     (lambda x: torch.sigmoid(x.mean((1, 2, 3)) + 0.3), lambda x: torch.sigmoid((x.mean((2, 3)) + 0.3).mean(1))),
