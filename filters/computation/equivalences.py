@@ -138,6 +138,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.heads: dict = {}
         self.images: dict = {}
         self.compositions: dict = {}  # node -> its samples' ELEMENTWISE images, and their images again
+        self.triples: dict = {}  # node -> every TRIPLE_STRIDE-th sample's images by three ELEMENTWISE functions
         self.linear_runs: dict = {}  # op -> the run of linear ops it ends (recognise._linear_run)
         self.linear_maps: dict = {}  # op -> the convolution a run of linear ops was solved at it as
         self.linear_solves = 0

@@ -483,12 +483,17 @@ def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: No
         read = passed.get(reads[0], reads[0]) if len(reads) == 1 else None
         linked = previous is not None and read is previous and users.get(reads[0]) == 1
         source, plain = pooled_source(node)
-        free = functools.partial(free_weights, node) if names[-1] in ("mm", "addmm") or is_convolution(names[-1]) \
-            else None
+        free = functools.partial(free_weights, node) if ends_in_a_layer(names) else None
         items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain, free)
                   for k, name in enumerate(names)]
         previous = node
     return items
+
+
+def ends_in_a_layer(names: list[str]) -> bool:
+    """Whether `names` end in a matrix product or a convolution: a layer whose weights a sign
+    after it may be (`canonical_order`)."""
+    return bool(names) and (names[-1] in ("mm", "addmm") or is_convolution(names[-1]))
 
 
 def canonical_order(items: list[Spelled]) -> list[str]:

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from filters.computation.linear import JOINS, SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
-from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names, is_convolution,
-                                      norm_name)
+from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names,
+                                      ends_in_a_layer, is_convolution, norm_name)
 from filters.computation.record import _Op, argument_values
 from filters.computation.values import _apart, close
 
@@ -251,9 +251,9 @@ class _Recognisers:
         # a reflection may not bring in a sign a reading cannot show (1 - sigmoid(2u) is no
         # sigmoid(2u), and both would read `mul sigmoid`): only a -1 of a layer's weights, which
         # vanishes into them (`names.canonical_order`), or one it takes away
-        vanishes = self._takes_a_sign(source)
-        kept = [k for k, (_, (_, (a, _), _)) in enumerate(forms)
-                if k < REFLECTED or a > 0 or (abs(a + 1) < 1e-6 and vanishes)]
+        negated = [k for k, (_, (_, (a, _), _)) in enumerate(forms) if k >= REFLECTED and abs(a + 1) < 1e-6]
+        vanishes = set(negated) if negated and self._takes_a_sign(source) else set()
+        kept = [k for k, (_, (_, (a, _), _)) in enumerate(forms) if k < REFLECTED or a > 0 or k in vanishes]
         best = min(kept, key=lambda k: (len(forms[k][0]) - (k >= REFLECTED and forms[k][1][1][0] < 0) - 1,
                                         forms[k][1][0] != "sigmoid"))
         names, (function, (a, b), (c, d)) = forms[best]
@@ -273,9 +273,7 @@ class _Recognisers:
     def _takes_a_sign(self, source) -> bool:
         """Whether `source` is a product or convolution whose weights nothing else reads: a -1
         after it is its weights' (`names.canonical_order`)."""
-        names = self.names(source)
-        return bool(names) and (names[-1] in ("mm", "addmm") or is_convolution(names[-1])) \
-            and self._free_weights(source)
+        return ends_in_a_layer(self.names(source)) and self._free_weights(source)
 
     def _read_only_by(self, op, source) -> bool:
         """Whether every value between `source` and `op` is read by `op` or another of them alone."""
@@ -347,9 +345,11 @@ class _Recognisers:
         closed form whose intermediates are no function of the catalog (`1 / (1 + exp(-1) exp(2
         / ((1 + e^y)^2 + 1)))`). Tried on every TRIPLE_STRIDE-th sample first (the 2,744 triples
         of 512 samples would cost more than a reading), then in full, the earliest functions first."""
-        heads = composed[..., ::TRIPLE_STRIDE]
+        if node not in self.triples:
+            heads = composed[..., ::TRIPLE_STRIDE]
+            self.triples[node] = torch.stack([f(heads) for _, f in ELEMENTWISE])  # (outer, middle, inner, samples)
+        tripled = self.triples[node]
         target = self._sample(op)[::TRIPLE_STRIDE]
-        tripled = torch.stack([f(heads) for _, f in ELEMENTWISE])  # (outer, middle, inner, samples)
         scale = torch.maximum(tripled.abs().amax(dim=3), target.abs().max())
         hits = ((tripled - target).abs().amax(dim=3) <= 2e-4 * scale).nonzero().tolist()
         for outer, middle, inner in sorted(hits, key=lambda hit: hit[::-1])[:TRIPLES_TRIED]:
@@ -593,8 +593,8 @@ class _Recognisers:
                 self._tested()
                 if close(_pooled(kind, x, kernel, stride, padding, dilation), target, 1e-4):
                     # one window over all of it (a maximum's padding, where its window spans it, reads nothing)
-                    whole = not padding or (kind == "max" and close(x.amax(tuple(range(2, x.dim())), keepdim=True), target))
-                    if all(n == 1 for n in target.shape[2:]) and whole:
+                    if all(n == 1 for n in target.shape[2:]) and (not padding or (kind == "max" and close(
+                            x.amax(tuple(range(2, x.dim())), keepdim=True), target))):
                         if kind == "avg":  # a mean over every position
                             self.named_reach[op] = {"mul": COUNT}
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
