@@ -9,12 +9,13 @@ import math
 
 import torch
 
-from filters.computation.names import (LAYOUT_ONLY, BOUNDING, named_by_values, _merged_branches, _name, canonical,
+from filters.computation.names import (LAYOUT_ONLY, BOUNDING, RESHAPES, named_by_values, _merged_branches, _name, canonical,
                                       convolution_names,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
-                                      CHANNEL, COUNT, ELEMENT_BOUNDS, GENERIC, NORMS, SCALAR, norm_affine_reach)
+                                      CHANNEL, COUNT, ELEMENT_BOUNDS, GENERIC, NORMS, SCALAR, norm_affine_reach,
+                                      norm_name)
 from filters.computation.linear import LinearRun, names_a_linear_map
-from filters.computation.recognise import WINDOW, _Recognisers, affine_reach
+from filters.computation.recognise import WINDOW, _Recognisers, _normalised, affine_reach
 from filters.computation.record import _Op, _Recorder, _constant_leaves, argument_values
 from filters.computation.values import HEAD, SAMPLE, _apart_values, _is_float, _is_numeric, _uniform, close
 
@@ -162,6 +163,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         unspelled = _merged_branches(nodes, lambda n: reads[n], self.names) | \
             padded_by_convolutions(nodes, lambda n: reads[n])
         names = {node: self.names(node) for node in nodes if node not in unspelled}
+        self._name_norms_in_their_layout(names)
         _join_split_convolutions([node for node in nodes if node in names], reads, names)
         _join_grouped_halves([node for node in nodes if node in names], reads, names)
         _join_split_products([node for node in nodes if node in names], reads, names)
@@ -275,6 +277,51 @@ class _Equivalences(_Unspelled, _Recognisers):
         # a division by the variable is its reciprocal
         return name not in ("div", "true_divide") or not getattr(node.args[1] if len(node.args) > 1 else None,
                                                                  "variable", False)
+
+    def _name_norms_in_their_layout(self, names: dict) -> None:
+        """A norm over the trailing dimensions of a (batch, groups, ...) value, read on only
+        through a reshape into (batch, channels, ...), is named as the norm of those channels
+        it computes: a group norm where each group holds several channels, an instance norm
+        where each channel is one (`names.norm_name`). The same blocks of each sample are
+        normalised either way; only the layout they are written in differs (an adversary
+        wrote KernelBench L2 37's Linear and GroupNorm as an einsum into (batch, groups,
+        size) and a norm over its last dimension, flattened at the end: `layer_norm` against
+        `group_norm`). A view before the norm is read in its source's layout already (the
+        reshape back is found a norm of that source: `_composite`)."""
+        for node, named in names.items():
+            if named[:1] != ["layer_norm"] or node.value is None or node.value.dim() < 3:
+                continue
+            groups = _normalised_groups(node)
+            layout = self._reshaped_reader(node) if groups and groups > 1 else None
+            if layout is not None:
+                names[node] = [_norm_in_layout(layout.value, groups) or "layer_norm", *named[1:]]
+
+    def _reshaped_reader(self, node):
+        """The one reshape of `node`'s value, or of values of its shape made from it (a scale
+        and a shift per element, an activation written out), into another layout of its
+        batch's samples that everything made from it reaches first; None where something else
+        is read, reduced or returned before it. Up to LAYOUT_STEPS ops are followed."""
+        shape, reshapes = tuple(node.value.shape), set()
+        seen, frontier = {node}, [node]
+        while frontier:
+            readers = self.users.get(frontier.pop(), set())
+            if not readers:
+                return None  # returned (or dead) in the norm's own layout
+            for reader in readers - seen:
+                value = reader.value
+                if not isinstance(value, torch.Tensor) or len(seen) > LAYOUT_STEPS:
+                    return None
+                if _name(reader) in RESHAPES and tuple(value.shape) != shape:
+                    reshapes.add(reader)
+                elif tuple(value.shape) == shape:
+                    seen.add(reader)
+                    frontier.append(reader)
+                else:
+                    return None
+        layout = next(iter(reshapes)) if len(reshapes) == 1 else None
+        same_samples = layout is not None and layout.value.numel() == node.value.numel() and \
+            layout.value.dim() >= 2 and layout.value.shape[0] == shape[0]
+        return layout if same_samples else None
 
     def names(self, node) -> list[str]:
         return list(self.named[node]) if node in self.named else canonical(node)
@@ -415,6 +462,36 @@ def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> di
     for node, previous in owner.items():
         chained.setdefault(previous, []).append(node)
     return chained
+
+
+def _normalised_groups(norm) -> int | None:
+    """How many blocks of each sample `norm` normalises: the product of the dimensions before
+    the ones F.layer_norm was given, or, for a norm recognised from its value, before the
+    fewest trailing dimensions its value is normalised over (a norm in g groups looks
+    normalised in every coarser count too)."""
+    shape = tuple(norm.value.shape)
+    if _name(norm) == "layer_norm" and len(norm.args) > 1 and isinstance(norm.args[1], (list, tuple)):
+        return math.prod(shape[1:len(shape) - len(norm.args[1])])
+    value = norm.value.float()
+    for first in range(len(shape) - 1, 0, -1):
+        groups = math.prod(shape[1:first])
+        if _normalised(value.reshape(shape[0], groups, -1), (2,), 0, "norm"):
+            return groups
+    return None
+
+
+LAYOUT_STEPS = 32  # the most same-shaped ops between a norm and the reshape that gives its value channels
+
+
+def _norm_in_layout(value: torch.Tensor, groups: int) -> str | None:
+    """The norm that normalises `groups` contiguous blocks of each sample of a value of
+    this (batch, channels, ...) shape, or None where the blocks split channels."""
+    ndim, channels = value.dim(), value.shape[1]
+    if channels % groups:
+        return None
+    if channels == groups:
+        return norm_name(ndim, tuple(range(2, ndim)))
+    return norm_name(ndim, tuple(range(1, ndim)), groups)
 
 
 def _join_split_convolutions(nodes: list, reads: dict, names: dict) -> None:

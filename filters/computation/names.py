@@ -8,6 +8,7 @@ that composite (`named_composites`).
 from __future__ import annotations
 
 import functools
+import math
 import dataclasses
 import re
 import weakref
@@ -612,14 +613,28 @@ def reduces_the_tiles(pool, reduction) -> bool:
     """Whether `reduction` (a sum or mean of an average pooling, a maximum of a max pooling)
     reads every position `pool`'s windows tile exactly (`_windows_tile`): the mean of the
     windows' means is the value's mean, the largest of their maxima its maximum (a red team's
-    average pooling before a global mean)."""
+    average pooling before a global mean). The pooled value may be read through reshapes that
+    keep its dimensions before the pooled ones (`avg_pool2d(x, 2).flatten(2).mean(2)`)."""
     if not POOLING.match(_name(pool)) or _name(reduction) not in TILE_REDUCTIONS[_name(pool)[:3]] \
-            or not _windows_tile(pool) \
-            or len(reduction.args) < 2 or reduction.args[0] is not pool or _shape(pool) is None:
+            or not _windows_tile(pool) or len(reduction.args) < 2 or _shape(pool) is None:
         return False
-    ndim, spatial = len(_shape(pool)), int(POOLING.match(_name(pool)).group(2))
-    dims = {d % ndim for d in _ints(reduction.args[1])} if reduction.args[1] not in (None, []) else set(range(ndim))
-    return set(range(ndim - spatial, ndim)) <= dims
+    source = reduction.args[0]
+    while source is not pool and isinstance(source, _Op) and _name(source) in RESHAPES and source.args:
+        source = source.args[0]
+    if source is not pool or _shape(reduction.args[0]) is None:
+        return False
+    spatial = int(POOLING.match(_name(pool)).group(2))
+    block = math.prod(_shape(pool)[-spatial:])  # one (sample, channel)'s pooled positions, contiguous in any reshape
+    shape = _shape(reduction.args[0])
+    dims = {d % len(shape) for d in _ints(reduction.args[1])} if reduction.args[1] not in (None, []) else \
+        set(range(len(shape)))
+    first = len(shape)
+    while first > 0 and first - 1 in dims:
+        first -= 1
+    return first < len(shape) and math.prod(shape[first:]) % block == 0
+
+
+RESHAPES = frozenset({"view", "unsafe_view", "reshape", "flatten", "unflatten", "view_as", "reshape_as", "view_copy"})
 
 
 def plain_average(node) -> bool:

@@ -749,9 +749,11 @@ class _Recognisers:
 
     def _contraction(self, op, window):
         name = canonical(op)
-        if op.value.dim() < 2 or (name and (name[-1] == "mm" or is_convolution(name[-1]))):
+        if op.value.dim() < 2 or (name and is_convolution(name[-1])):
             return None
         weights = self._depends_on(op, 2)
+        if name and name[-1] == "mm":  # a product is one, unless its weight holds a bias too
+            return self._matmul(op, window, weights, homogeneous=True)
         if name and name[-1] in CONTRACTION_ENDS or not name:
             found = self._matmul(op, window, weights)
             if found:
@@ -783,8 +785,16 @@ class _Recognisers:
                 frontier.extend(node.inputs + node.leaves)
         return found
 
-    def _matmul(self, op, window, weights):
+    def _matmul(self, op, window, weights, homogeneous: bool = False):
+        """("mm",) where `op` is a product of an earlier value by a weight, ("mm", "add") where it
+        is one plus a bias: a bias the op adds (`acc = b; acc = acc + x_j @ w_j`, a bias first,
+        then partial products), or a weight's row that reads a column of ones (`cat([x, 1]) @
+        [w; b]`, homogeneous coordinates: `homogeneous`, asked of a product op). A bias the op
+        adds is one of the constants it depends on: a value the same in every row that a
+        model input makes (`x @ w + x.mean(0)`) is no bias."""
         target = op.value.float()
+        biases = [b.value.float() for b in self._depends_on(op, 1) if b.value.shape[-1] == target.shape[-1]] \
+            if canonical(op) == ["add"] and not homogeneous else []
         for node in (n for n in window if n.value.dim() >= 2):
             a = node.value.float()
             for weight in weights:
@@ -797,18 +807,30 @@ class _Recognisers:
                 stacked = (w.reshape(-1, w.shape[-1]), w.transpose(0, 1).reshape(-1, w.shape[-1])) if w.dim() == 3 \
                     else (w.reshape(-1, w.shape[-1]),) if w.dim() > 3 else ()
                 for b in (w, w.mT, *stacked):
-                    # the product's shape, up to dimensions of 1 (a broadcast product of blocks
-                    # and slabs summed over the blocks keeps one: `(x.view(n, 4, 1, 4) @ slabs).sum(1)`)
-                    shape = _matmul_shape(a, b) if a.shape[-1] == b.shape[-2] else ()
-                    if not shape or _without_ones(shape) != _without_ones(target.shape):
-                        continue
-                    t = target.reshape(shape)
-                    self._tested()
-                    rows, columns = slice(0, 3), slice(0, 16)  # a corner first: a weight can be 8192 x 8192
-                    if close(a[..., :1, :] @ b[..., columns], t[..., :1, columns], 1e-3) \
-                            and close(a[..., rows, :] @ b, t[..., rows, :], 1e-3) \
-                            and close(a @ b, t, 1e-3):  # every row: a task can fake the corner alone
-                        return ("mm",), [node] + ([weight] if weight.variable else [])
+                    for product, bias in _affine_products(a, b, biases, homogeneous):
+                        found = self._is_product(a, product, bias, target)
+                        if found is not None:
+                            return ("mm",) + ("add",) * (not isinstance(found, float)), \
+                                [node] + ([weight] if weight.variable else [])
+        return None
+
+    def _is_product(self, a: torch.Tensor, b: torch.Tensor, biases: list, target: torch.Tensor):
+        """The bias (0.0 for none) where target is a @ b plus one of `biases` or none, up to
+        dimensions of 1 in its shape (a broadcast product of blocks and slabs summed over the
+        blocks keeps one: `(x.view(n, 4, 1, 4) @ slabs).sum(1)`); else None. One test,
+        whatever the biases: each is compared with what a corner of the product leaves."""
+        shape = _matmul_shape(a, b) if a.shape[-1] == b.shape[-2] else ()
+        if not shape or _without_ones(shape) != _without_ones(target.shape):
+            return None
+        t = target.reshape(shape)
+        self._tested()
+        rows, columns = slice(0, 3), slice(0, 16)  # a corner first: a weight can be 8192 x 8192
+        corner = a[..., :1, :] @ b[..., columns]
+        bias = next((bias for bias in [0.0, *biases] if close(
+            corner + (bias if isinstance(bias, float) else bias[..., columns]), t[..., :1, columns], 1e-3)), None)
+        # every row: a task can fake the corner alone
+        if bias is not None and close(a[..., rows, :] @ b + bias, t[..., rows, :], 1e-3) and close(a @ b + bias, t, 1e-3):
+            return bias
         return None
 
     def _convolution(self, op, window, weights):
@@ -1131,6 +1153,17 @@ def _end_fibres_reduced(source: torch.Tensor, target: torch.Tensor, dim: int,
     reduced = torch.stack([reduce(source[index], 0) for index in ends])
     kept = [tuple(i for d, i in enumerate(index) if d != dim or source.dim() == target.dim()) for index in ends]
     return reduced, torch.stack([target[tuple(0 if isinstance(i, slice) else i for i in index)] for index in kept])
+
+
+def _affine_products(a: torch.Tensor, b: torch.Tensor, biases: list, homogeneous: bool):
+    """(weight, biases) a @ weight + one of the biases or none might be, b read as a product's
+    weight: b with `biases` (unless `homogeneous`); b's rows less its first or last, where it
+    has one more row than a has columns, with that row as the bias."""
+    if not homogeneous:
+        yield b, biases
+    if b.dim() == 2 and b.shape[0] == a.shape[-1] + 1:
+        yield b[:-1], [b[-1]]
+        yield b[1:], [b[0]]
 
 
 def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:

@@ -191,10 +191,45 @@ def test_a_group_norm_of_features_is_a_group_norm_however_written():
         x.reshape(x.shape[0], 4, -1))
     assert ops(written, shape=(4, 16)) == ops(lambda x: F.group_norm(x, 4), shape=(4, 16)) == ["group_norm"]
 
+
+GROUPS_LINEAR = nn.Linear(5, 32)  # (batch, 32) written straight into (batch, 4 groups, 8)
+GAIN, OFFSET = torch.randn(4, 8), torch.randn(4, 8)
+
+
+def _moments_norm(h):
+    return (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + 1e-5)
+
+
+@pytest.mark.parametrize("norm", [_moments_norm, lambda h: F.layer_norm(h, (8,))], ids=["moments", "layer_norm"])
+def test_a_norm_in_a_layout_of_groups_reshaped_into_channels_is_a_group_norm(norm):
+    # the fourth adversary's L2 37 (session 35): an einsum into (batch, groups, size), a norm
+    # over its last dimension and an affine per element there, flattened only at the end
+    grouped = lambda x: torch.einsum("ni,gki->ngk", x, GROUPS_LINEAR.weight.view(4, 8, 5)) + GROUPS_LINEAR.bias.view(4, 8)  # noqa: E731
+    written = lambda x: (norm(grouped(x)) * GAIN + OFFSET).flatten(1)  # noqa: E731
+    library = lambda x: F.group_norm(GROUPS_LINEAR(x), 4, GAIN.flatten(), OFFSET.flatten())  # noqa: E731
+    assert ops(written, shape=(6, 5)) == ops(library, shape=(6, 5)) == ["mm", "add", "group_norm", "mul", "add"]
+    # the fifth adversary's L2 88 (session 38): a silu written out, reading the norm twice, between
+    gated = lambda x: (lambda v: 0.5 * v * (1.0 + torch.tanh(0.5 * v)))(norm(grouped(x)) * GAIN + OFFSET)  # noqa: E731
+    assert ops(lambda x: gated(x).flatten(1), shape=(6, 5)) == ops(lambda x: F.silu(library(x)), shape=(6, 5)) == \
+        ["mm", "add", "group_norm", "mul", "add", "silu"]
+    # left in its groups' layout, or read by something else before the reshape, it is a norm of rows
+    assert ops(lambda x: norm(grouped(x)) * GAIN + OFFSET, shape=(6, 5))[2] == "layer_norm"
+    assert ops(lambda x: (lambda y: torch.cat([y.flatten(1), y[:, 0].exp()], 1))(norm(grouped(x))), shape=(6, 5))[2] == \
+        "layer_norm"
+
+
+def test_a_norm_of_each_channels_positions_reshaped_into_an_image_is_an_instance_norm():
+    flat = lambda x: F.layer_norm(torch.exp(x.reshape(*x.shape[:2], -1)), (30,))  # noqa: E731
+    assert ops(lambda x: torch.relu(flat(x).view(x.shape))) == ops(
+        lambda x: torch.relu(F.instance_norm(torch.exp(x)))) == ["exp", "instance_norm", "relu"]
+    assert ops(lambda x: torch.relu(flat(x))) == ["exp", "layer_norm", "relu"]  # (batch, channels, positions)
+
 @pytest.mark.parametrize("written", [
     lambda x: torch.einsum("...k,nk->...n", x, LINEAR.weight) + LINEAR.bias,
     lambda x: (x.unsqueeze(-2) * LINEAR.weight).sum(-1) + LINEAR.bias,
     lambda x: x[..., :2] @ LINEAR.weight[:, :2].T + x[..., 2:] @ LINEAR.weight[:, 2:].T + LINEAR.bias,
+    # the fifth adversary's L2 76 (session 38): the bias first, then partial products
+    lambda x: LINEAR.bias + x[..., 3:] @ LINEAR.weight[:, 3:].T + x[..., :3] @ LINEAR.weight[:, :3].T,
 ])
 def test_a_gemm_in_its_written_forms_is_a_gemm(written):
     assert ops(LINEAR, LINEAR) == ops(written, LINEAR) == ["mm", "add"]
@@ -329,6 +364,9 @@ X_IMAGE = torch.randn(4, 8, 6, 5)
     (lambda x: torch.sigmoid(x.mean((1, 2, 3))), lambda x: torch.sigmoid(F.avg_pool2d(x, (6, 5)).mean((1, 2, 3)))),
     (lambda x: torch.tanh(x[..., :4].mean((2, 3))), lambda x: torch.tanh(F.avg_pool2d(x[..., :4], 2).mean((2, 3)))),
     (lambda x: torch.tanh(x[..., :4].amax((2, 3))), lambda x: torch.tanh(F.max_pool2d(x[..., :4], 2).amax((2, 3)))),
+    # session 37's red team: the tiles' values reshaped before the mean
+    (lambda x: torch.tanh(x[..., :4].mean((2, 3))), lambda x: torch.tanh(F.avg_pool2d(x[..., :4], 2).flatten(2).mean(2))),
+    (lambda x: torch.tanh(x[..., :4].mean((1, 2, 3))), lambda x: torch.tanh(F.avg_pool2d(x[..., :4], 2).flatten(1).mean(1))),
     (lambda x: torch.tanh(x.amax(1)), lambda x: torch.tanh(x.sort(1).values[:, -1])),
     (lambda x: torch.tanh(x.amax(1)), lambda x: torch.tanh(-(-x).sort(1, descending=True).values[:, -1])),
 ])
@@ -336,6 +374,13 @@ def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(or
     assert torch.allclose(original(X_IMAGE), written(X_IMAGE), atol=1e-6)
     score = sequence_similarity(encode(ops(original)), encode(ops(written)))
     assert score > 0.9, (ops(original), ops(written))
+
+
+def test_a_pooling_stays_where_a_reduction_of_its_reshaped_value_misses_whole_tiles():
+    tiles = lambda x: F.avg_pool2d(x[..., :4], 2)  # noqa: E731  (4, 8, 3, 2)
+    assert ops(lambda x: torch.tanh(tiles(x).reshape(4, 8, 3, 2).mean(3)))[0] == "avg_pool2d"
+    assert ops(lambda x: torch.tanh(tiles(x).flatten(2)[..., :3].mean(2)))[0] == "avg_pool2d"
+    assert ops(lambda x: torch.tanh(tiles(x).flatten(0, 1).mean(1)))[0] == "avg_pool2d"
 
 
 @pytest.mark.parametrize("original, written", [
@@ -2049,6 +2094,19 @@ def get_init_inputs():
     small, _ = small_problem(code)
     assert "num_groups = 64\n" in small and "out_features = 512\n" in small and "batch_size = 4\n" in small
     assert trace(code) == trace(written) == "mm add group_norm mul add"
+
+
+@pytest.mark.parametrize("written", [
+    lambda x: torch.cat([x, torch.ones_like(x[:, :1])], -1) @ torch.cat([LINEAR.weight.T, LINEAR.bias[None]]),
+    lambda x: torch.cat([torch.ones_like(x[:, :1]), x], -1) @ torch.cat([LINEAR.bias[None], LINEAR.weight.T]),
+])
+def test_a_linear_in_homogeneous_coordinates_is_a_gemm_and_its_bias(written):
+    # the fifth adversary's L2 64 (session 38): the bias as the weight's row for a column of ones
+    assert ops(lambda x: torch.tanh(written(x)), shape=(6, 5)) == ops(lambda x: torch.tanh(LINEAR(x)), shape=(6, 5)) \
+        == ["mm", "add", "tanh"]
+    # a column of the input itself is no bias
+    stacked = torch.cat([LINEAR.weight.T, LINEAR.bias[None]])
+    assert ops(lambda x: torch.tanh(torch.cat([x, x[:, :1]], -1) @ stacked), shape=(6, 5))[:2] != ["mm", "add"]
 
 
 def test_a_convolution_written_as_unfold_and_a_product_with_no_bias_is_a_convolution():
