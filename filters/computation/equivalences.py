@@ -148,6 +148,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.leaf_readers: dict | None = None  # a weight (its storage) -> the varying ops that read it, once asked
         self.named_reach: dict = {}  # a composite read with its maps (a squash, a mean) -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
+        self.quadratics: set = set()  # polynomials named in Horner's form: no affine map, for all their names
         self.through_constants = False
         for op in self.ops:
             if op.variable and _is_float(op.value) and op.value.numel() > 1 and _uniform(op.value):
@@ -270,7 +271,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         A square, a power and a reciprocal read `mul` too, and a red team's sum of squares of a
         Linear was folded into the Linear as if they were scales."""
         if node in self.named:
-            return set(self.named[node]) <= set(AFFINE)
+            return node not in self.quadratics and set(self.named[node]) <= set(AFFINE)
         name = _name(node)
         if not set(canonical(node)) <= set(AFFINE) or name in POWERS or len(variables) != 1:
             return False
@@ -366,7 +367,7 @@ class _Equivalences(_Unspelled, _Recognisers):
             return
         found = found or self._composite(op, window) or self._composite_of_inside(op, window)
         affine = None if found else self._affine(op, window)
-        found = found or affine or self._contraction(op, window)
+        found = found or affine or self._quadratic(op, window) or self._contraction(op, window)
         if found:
             self.named[op], self.reads[op] = found
             if not names_a_linear_map(found[0]):

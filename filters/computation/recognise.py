@@ -623,6 +623,49 @@ class _Recognisers:
                     return fit, [node]
         return None
 
+    def _quadratic(self, op, window):
+        """`op` is a x^2 + b x + c of an earlier x, with a, b and c scalars or one per channel,
+        made by arithmetic alone (at least two ops): named in Horner's form, `(a x + b) x + c`,
+        each map a `mul` or an `add` where it is no identity. However a product is distributed
+        over a sum, the polynomial is one: KernelBench L2 20's `((y + b) + y) * y + y` and an
+        adversary's `y * (2 y + b + 1)` both read `mul add mul`."""
+        if canonical(op) not in (["add"], ["mul"]):
+            return None
+        target = op.value.float()
+        for node in (n for n in window if n.value.shape == target.shape and n.index < op.index - 1):
+            between = self._arithmetic_between(op, node)
+            if not between or not any(self._products_of(n) for n in between | {op}):
+                continue
+            source = node.value.float()
+            for dim in (None, 1) if target.dim() >= 2 else (None,):
+                fit = _quadratic_fit(source, target, dim)
+                if fit is not None:
+                    self.quadratics.add(op)
+                    return fit, [node]
+        return None
+
+    def _products_of(self, node) -> bool:
+        """Whether `node` multiplies two values that vary (x times x, or times x + b), or is a
+        polynomial that does."""
+        return node in self.quadratics or node not in self.named and canonical(node) == ["mul"] and \
+            sum(1 for n in self.inputs[node] if n.variable) + (_name(node) in ("pow", "square")) >= 2
+
+    def _arithmetic_between(self, op, source) -> set | None:
+        """The variable ops between `source` and `op`, if each adds or multiplies (an affine
+        map named so too) and nothing else reads them; None otherwise."""
+        between, frontier = set(), list(self.reads[op] if op in self.named else self.inputs[op])
+        while frontier:
+            node = self._resolve(frontier.pop())  # a clone of a value is the value
+            if node is source or node in between or not node.variable or node.target is None:
+                continue
+            names = self.named.get(node, canonical(node))
+            if node.index < source.index or not names or not set(names) <= {"add", "mul"}:
+                return None
+            between.add(node)
+            frontier.extend(self.reads[node] if node in self.named else self.inputs[node])
+        inside = between | {op}
+        return between if all(self.users.get(node, set()) <= inside for node in between) else None
+
     def _between(self, op, source) -> set:
         """The variable ops `op` reached `source` through."""
         between, frontier = set(), list(self.inputs[op])
@@ -791,10 +834,13 @@ class _Recognisers:
         then partial products), or a weight's row that reads a column of ones (`cat([x, 1]) @
         [w; b]`, homogeneous coordinates: `homogeneous`, asked of a product op). A bias the op
         adds is one of the constants it depends on: a value the same in every row that a
-        model input makes (`x @ w + x.mean(0)`) is no bias."""
+        model input makes (`x @ w + x.mean(0)`) is no bias. Asked only of an add of two values
+        that vary: a product plus a bias is read as written, `mm` then `add`, and taking it in
+        again would leave the product unspelled in one reading and not the other."""
         target = op.value.float()
+        sums_two = canonical(op) == ["add"] and sum(1 for n in self.inputs[op] if n.variable) >= 2
         biases = [b.value.float() for b in self._depends_on(op, 1) if b.value.shape[-1] == target.shape[-1]] \
-            if canonical(op) == ["add"] and not homogeneous else []
+            if sums_two and not homogeneous else []
         for node in (n for n in window if n.value.dim() >= 2):
             a = node.value.float()
             for weight in weights:
@@ -1076,6 +1122,43 @@ def _is_norm_of(source: torch.Tensor, target: torch.Tensor, dims, groups) -> boo
     least = int(var.reshape(-1).argmin())
     eps = max(float(var.reshape(-1)[least] * (1 / reached.reshape(-1)[least] - 1)), 0.0)
     return eps <= MAX_EPS and close(((view - mean) / torch.sqrt(var + eps)).reshape(source.shape), target, 2e-3)
+
+
+def _quadratic_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
+    """Horner's names for target = a source^2 + b source + c, a, b and c scalars (dim None) or
+    one per index along `dim`, fitted by least squares (on a corner first); None where no such
+    a, b and c fit, or a is zero (an affine map: `_affine`)."""
+    corner = tuple(slice(None) if d == dim else slice(0, 4) for d in range(source.dim()))
+    if _quadratic_coefficients(source[corner], target[corner], dim) is None:
+        return None
+    fit = _quadratic_coefficients(source, target, dim)
+    if fit is None:
+        return None
+    a, b, c = fit
+    scale = float(target.abs().max())
+    if float(a.abs().max()) < 1e-4:
+        return None
+    return ("mul",) * (not close(a, torch.ones_like(a))) + ("add",) * bool(b.abs().max() > 1e-4 * scale) + \
+        ("mul",) + ("add",) * bool(c.abs().max() > 1e-4 * scale)
+
+
+def _quadratic_coefficients(source: torch.Tensor, target: torch.Tensor, dim) -> tuple | None:
+    x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
+        (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
+    if x.shape[1] < 8 or x[:, :64].unique().numel() < 4:
+        return None  # any function of a value of three levels is a quadratic of it
+    x, y = x.double(), y.double()
+    square = x * x
+    # the normal equations of each index's least squares, 3 x 3 (a solve over every element costs more)
+    moments = torch.stack([square * square, square * x, square, x, torch.ones_like(x)], -1).sum(1)  # x^4 .. x^0
+    gram = torch.stack([moments[:, 0:3], moments[:, 1:4], moments[:, 2:5]], 1)
+    right = torch.stack([(y * square).sum(1), (y * x).sum(1), y.sum(1)], -1)
+    try:
+        a, b, c = torch.linalg.solve(gram, right).unbind(-1)
+    except RuntimeError:  # singular: a value of two levels, say, is no quadratic to fit
+        return None
+    fitted = a[:, None] * square + b[:, None] * x + c[:, None]
+    return (a.float(), b.float(), c.float()) if close(fitted.float(), y.float()) else None
 
 
 def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:

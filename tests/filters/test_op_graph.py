@@ -395,6 +395,34 @@ def test_a_product_distributed_over_a_sum_reads_as_the_sum_times_the_shared_fact
     assert ops(original) == ops(written)
 
 
+BIAS_C = torch.randn(1, 4, 1, 1)  # per channel of CONV's output
+
+
+@pytest.mark.parametrize("written", [
+    lambda y: y * (y + y + (BIAS_C + 1.0)),  # the fifth adversary's L2 20 (session 38)
+    lambda y: 2.0 * y * y + (BIAS_C + 1.0) * y,
+    lambda y: (2.0 * y + BIAS_C) * y + y,
+    lambda y: y * (2.0 * y + 1.0) + BIAS_C * y,
+])
+def test_a_quadratic_of_one_value_reads_in_horners_form_however_distributed(written):
+    # KernelBench L2 20: `((y + b) + y) * y + y` of a layer's y and a clone of it, b per channel
+    original = lambda x: (lambda y: ((y + BIAS_C) + y.clone().detach()) * y + y)(CONV(x))  # noqa: E731
+    with torch.no_grad():
+        assert torch.allclose(original(X_IMAGE), written(CONV(X_IMAGE)), atol=1e-5)
+    assert ops(lambda x: written(CONV(x)), CONV) == ops(original, CONV) == ["convolution2d", "mul", "add", "mul"]
+
+
+def test_polynomials_that_differ_read_apart():
+    def read(polynomial):
+        return ops(lambda x: polynomial(CONV(x)), CONV)[1:]
+    assert read(lambda y: (y + BIAS_C) * y) == ["add", "mul"]  # y^2 + b y
+    assert read(lambda y: y * y + BIAS_C) == ["mul", "add"]  # y^2 + b
+    assert read(lambda y: (y * y + 1.0) * y) == ["mul", "add", "mul"]  # a cubic, as written
+    assert read(lambda y: (y * y + 1.0) * y * 3.0) != read(lambda y: (y + 1.0) * y * 3.0)
+    # a value of three levels: any function of it fits a quadratic, and none is read as one
+    assert ops(lambda x: (lambda s: (s * s * s + s) * 2.0 + s * s)(torch.sign(x)))[1:] != ["mul", "add", "mul"]
+
+
 def test_a_product_of_a_value_and_a_function_of_it_reads_alike_however_grouped():
     # an adversary's L2 26: y * hardswish(y) as y * y * hardsigmoid(y)
     gate = lambda x: torch.clamp(x + 3.0, 0.0, 6.0) / 6.0  # noqa: E731
@@ -942,7 +970,8 @@ def test_a_sum_of_products_that_share_no_factor_or_whose_product_is_read_again_s
 
 
 def test_two_shifts_on_two_branches_are_not_one():
-    assert ops(lambda x: (x + 1) * (x + 2)) == ["add", "add", "mul"]
+    # (x + 1)(x + 2) is x^2 + 3x + 2: Horner's `(x + 3) x + 2`, not the one shift of `(x + 3) x`
+    assert ops(lambda x: (x + 1) * (x + 2)) == ["add", "mul", "add"] != ops(lambda x: (x + 3) * x)
 
 
 @pytest.mark.parametrize("first, second", [
@@ -955,7 +984,7 @@ def test_two_shifts_on_two_branches_are_not_one():
     (lambda x: torch.clamp(x, 0, 0.5) + BIAS, lambda x: torch.clamp(x + BIAS, 0, 0.5)),
     # neighbours in the spelling that are not one chain
     (lambda x: torch.tanh(x) * x.amax(1, keepdim=True), lambda x: torch.tanh(x.amax(1, keepdim=True)) * x),
-    (lambda x: (x + 1) * (2 * x), lambda x: (2 * x + 1) * x),
+    (lambda x: (x + 1) * (2 * torch.tanh(x)), lambda x: (2 * x + 1) * torch.tanh(x)),
     # not monotone for every parameter
     (lambda x: F.leaky_relu(F.max_pool2d(x, 2), -0.5), lambda x: F.max_pool2d(F.leaky_relu(x, -0.5), 2)),
     (lambda x: F.elu(F.max_pool2d(x, 2), -1.0), lambda x: F.max_pool2d(F.elu(x, -1.0), 2)),
