@@ -374,6 +374,23 @@ class _SplitKLinear(nn.Linear):
         return y + self.bias if self.bias is not None else y
 
 
+class _HomogeneousLinear(nn.Linear):
+    def forward(self, x):
+        if self.bias is None:
+            return super().forward(x)
+        ones = torch.ones_like(x[..., :1])
+        return torch.cat([x, ones], -1) @ torch.cat([self.weight.t(), self.bias[None]], 0)
+
+
+class _BiasFirstLinear(nn.Linear):
+    def forward(self, x):
+        if self.bias is None or self.in_features < 2:
+            return super().forward(x)
+        k = self.in_features // 2
+        y = self.bias + x[..., k:] @ self.weight[:, k:].t()
+        return y + x[..., :k] @ self.weight[:, :k].t()
+
+
 class _UnfoldConv2d(nn.Conv2d):
     def forward(self, x):
         if self.groups != 1 or self.padding_mode != "zeros" or isinstance(self.padding, str):
@@ -537,6 +554,9 @@ FORMS = {
     "pool_conv": ({}, {"AvgPool2d": "_ConvAvgPool2d"}),
     "norm_squares": ({}, {"LayerNorm": "_SquaresLayerNorm", "GroupNorm": "_SquaresGroupNorm"}),
     "gelu_distributed": ({"gelu": "_distributed_gelu"}, {"GELU": "_distributed_gelu"}),
+    # session 38: a bias as the weight's row for a column of ones; a bias first, then partial products
+    "gemm_homogeneous": ({}, {"Linear": "_HomogeneousLinear"}),
+    "gemm_bias_first": ({}, {"Linear": "_BiasFirstLinear"}),
     "closed_forms": ({"softplus": "_log1p_softplus", "mish": "_closed_mish", "elu": "_where_elu",
                       "selu": "_closed_selu", "logsigmoid": "_softplus_log_sigmoid", "silu": "_quotient_silu"},
                      {"Softplus": "_log1p_softplus", "Mish": "_closed_mish", "ELU": "_where_elu",
