@@ -157,6 +157,10 @@ def _name(node) -> str:
     # a device library's kernel for an op (on an H200, an eval batch norm at its own sizes
     # read `cudnn_batch_norm` where the CPU runs `native_batch_norm`): the op
     name = name.removeprefix("cudnn_").removeprefix("miopen_")
+    if name == "convolution_backward":
+        # its arguments are no convolution's (a task's torch.nn.grad.conv3d_input, a transposed
+        # convolution by another name, crashed the reading that took it for one): spelled as itself
+        return name
     for suffix in SUFFIXES:
         name = name.removesuffix(suffix)
     return name.rstrip("_")
@@ -182,6 +186,8 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         return [pooling_name(name, node.args)]
     if name == "convolution" and len(node.args) >= 9:
         return _read_convolution(node)
+    if name == "convolution_backward" and len(node.args) >= 11 and isinstance(node.value, torch.Tensor):
+        return _read_input_gradient(node)
     bound = _bound_by_a_constant_tensor(node)
     if bound:
         # max(u, c) is relu(u - c) + c, and min(u, c) is min(u - c, 0) + c: a bound per channel or
@@ -207,6 +213,18 @@ def _read_convolution(node, values: bool = True) -> list[str]:
         reading = _convolution_reading(node)
         _CONVOLUTIONS_READ[node] = (convolution_names(*reading), convolution_names(*reading, values=False))
     return list(_CONVOLUTIONS_READ[node][0 if values else 1])
+
+
+def _read_input_gradient(node) -> list[str]:
+    """A convolution's gradient by its input (its first output: torch.nn.grad.conv3d_input) is
+    the transposed convolution of the gradient by the same weight, or the plain one of a
+    transposed convolution's: read as that."""
+    gradient, _, weight, _, stride, padding, dilation, transposed, _, groups = node.args[:10]
+    if not (isinstance(gradient, _Op) and isinstance(weight, _Op) and isinstance(gradient.value, torch.Tensor)
+            and isinstance(weight.value, torch.Tensor)):
+        return ["convolution_backward"]
+    return convolution_names(gradient.value, weight.value, node.value, stride, padding, dilation, groups, False,
+                             not transposed)
 
 
 def _convolution_reading(node) -> tuple:

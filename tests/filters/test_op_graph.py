@@ -2138,6 +2138,18 @@ def test_a_linear_in_homogeneous_coordinates_is_a_gemm_and_its_bias(written):
     assert ops(lambda x: torch.tanh(torch.cat([x, x[:, :1]], -1) @ stacked), shape=(6, 5))[:2] != ["mm", "add"]
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_convolutions_input_gradient_is_read_as_the_convolution_it_transposes(stride):
+    # the fifth adversary's L2 96 (session 38): torch.nn.grad.conv3d_input for a ConvTranspose3d,
+    # `convolution_backward`, whose arguments were read as a convolution's and crashed the reading
+    weight = torch.randn(8, 3, 3, 3)
+    size = (4, 3, (6 - 1) * stride + 3, (5 - 1) * stride + 3)
+    gradient = lambda x: torch.tanh(torch.nn.grad.conv2d_input(size, weight, x, stride=stride))  # noqa: E731
+    transposed = lambda x: torch.tanh(F.conv_transpose2d(x, weight, stride=stride))  # noqa: E731
+    assert torch.allclose(gradient(X_IMAGE), transposed(X_IMAGE), atol=1e-5)
+    assert ops(gradient) == ops(transposed) == [("convolution_transpose2d" if stride > 1 else "convolution2d"), "tanh"]
+
+
 def test_a_convolution_written_as_unfold_and_a_product_with_no_bias_is_a_convolution():
     """With no bias after it, the product reshaped back into an image was taken for the
     product itself (the same values, reshaped), and never asked whether it is a convolution."""
