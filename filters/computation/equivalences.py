@@ -293,7 +293,7 @@ class _Equivalences(_Unspelled, _Recognisers):
             if named[:1] != ["layer_norm"] or node.value is None or node.value.dim() < 3:
                 continue
             groups = _normalised_groups(node)
-            layout = self._reshaped_reader(node) if groups and groups > 1 else None
+            layout = self._reshaped_reader(node) if groups and groups > 1 and not self._reordered(node) else None
             if layout is not None:
                 names[node] = [_norm_in_layout(layout.value, groups) or "layer_norm", *named[1:]]
 
@@ -314,7 +314,7 @@ class _Equivalences(_Unspelled, _Recognisers):
                     return None
                 if _name(reader) in RESHAPES and tuple(value.shape) != shape:
                     reshapes.add(reader)
-                elif tuple(value.shape) == shape:
+                elif tuple(value.shape) == shape and _name(reader) not in LAYOUT_ONLY:  # no transpose of a square
                     seen.add(reader)
                     frontier.append(reader)
                 else:
@@ -323,6 +323,19 @@ class _Equivalences(_Unspelled, _Recognisers):
         same_samples = layout is not None and layout.value.numel() == node.value.numel() and \
             layout.value.dim() >= 2 and layout.value.shape[0] == shape[0]
         return layout if same_samples else None
+
+    def _reordered(self, norm) -> bool:
+        """Whether the value `norm` normalises was laid out by a permute or transpose since the
+        op that made it: its blocks are then no channels' groups, whatever the reshape after
+        (a red team's norm over the channels at each position, NHWC flattened: a group norm
+        by the reshape alone)."""
+        node = self.reads[norm][0] if norm in self.named and self.reads[norm] else \
+            (norm.args[0] if norm.args and isinstance(norm.args[0], _Op) else None)
+        while isinstance(node, _Op) and node.target is not None and _name(node) in LAYOUT_ONLY:
+            if _name(node) not in RESHAPES and _name(node) not in ("clone", "contiguous", "detach", "alias"):
+                return True
+            node = node.args[0] if node.args and isinstance(node.args[0], _Op) else None
+        return False
 
     def names(self, node) -> list[str]:
         return list(self.named[node]) if node in self.named else canonical(node)

@@ -219,8 +219,11 @@ def _read_input_gradient(node) -> list[str]:
     """A convolution's gradient by its input (its first output: torch.nn.grad.conv3d_input) is
     the transposed convolution of the gradient by the same weight, or the plain one of a
     transposed convolution's: read as that."""
-    gradient, _, weight, _, stride, padding, dilation, transposed, _, groups = node.args[:10]
-    if not (isinstance(gradient, _Op) and isinstance(weight, _Op) and isinstance(gradient.value, torch.Tensor)
+    gradient, _, weight, _, stride, padding, dilation, transposed, _, groups, mask = node.args[:11]
+    # a node's value is its op's first output: the input's gradient only where the mask asks for it
+    # (a red team's bias gradient, a sum of the gradient, had read as this convolution)
+    asked = isinstance(mask, (list, tuple)) and len(mask) == 3 and bool(mask[0])
+    if not (asked and isinstance(gradient, _Op) and isinstance(weight, _Op) and isinstance(gradient.value, torch.Tensor)
             and isinstance(weight.value, torch.Tensor)):
         return ["convolution_backward"]
     return convolution_names(gradient.value, weight.value, node.value, stride, padding, dilation, groups, False,
@@ -624,7 +627,8 @@ def _windows_tile(node, whole: bool = False) -> bool:
     return all(s == k and n % k == 0 for n, k, s in zip(sizes, kernel, stride))
 
 
-TILE_REDUCTIONS = {"avg": ("sum", "mean"), "max": ("amax", "max")}
+# (not `max` along a dimension: it returns positions too, of the pooled grid, not of the input)
+TILE_REDUCTIONS = {"avg": ("sum", "mean"), "max": ("amax",)}
 
 
 def reduces_the_tiles(pool, reduction) -> bool:

@@ -1145,8 +1145,11 @@ def _quadratic_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str
 def _quadratic_coefficients(source: torch.Tensor, target: torch.Tensor, dim) -> tuple | None:
     x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
         (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
-    if x.shape[1] < 8 or x[:, :64].unique().numel() < 4:
-        return None  # any function of a value of three levels is a quadratic of it
+    if x.shape[1] < 8:
+        return None
+    ordered = x.sort(1).values
+    if int((ordered[:, 1:] != ordered[:, :-1]).sum(1).min()) < 3:
+        return None  # any function of a value of three levels (in any one channel) is a quadratic of it
     x, y = x.double(), y.double()
     square = x * x
     # the normal equations of each index's least squares, 3 x 3 (a solve over every element costs more)

@@ -218,6 +218,14 @@ def test_a_norm_in_a_layout_of_groups_reshaped_into_channels_is_a_group_norm(nor
         "layer_norm"
 
 
+def test_a_norm_of_a_permuted_value_keeps_its_name_whatever_reshape_follows():
+    # session 38's red team: a norm over the channels at each position (NHWC) is no group norm
+    # of the flattened value, nor, transposed back into a square image, an instance norm
+    assert ops(lambda x: F.layer_norm(x.permute(0, 2, 3, 1), (8,)).flatten(1)) == ["layer_norm"]
+    assert ops(lambda x: F.layer_norm(x.reshape(4, 4, 4).transpose(1, 2), (4,)).transpose(1, 2).reshape(x.shape),
+               shape=(4, 4, 2, 2)) == ["layer_norm"]
+
+
 def test_a_norm_of_each_channels_positions_reshaped_into_an_image_is_an_instance_norm():
     flat = lambda x: F.layer_norm(torch.exp(x.reshape(*x.shape[:2], -1)), (30,))  # noqa: E731
     assert ops(lambda x: torch.relu(flat(x).view(x.shape))) == ops(
@@ -376,6 +384,11 @@ def test_ops_that_commute_and_bounds_by_a_constant_read_alike_however_ordered(or
     assert score > 0.9, (ops(original), ops(written))
 
 
+def test_the_positions_of_the_largest_of_tiles_are_no_positions_of_the_input():
+    # session 38's red team: `.max(dim)` returns positions in the pooled grid
+    assert ops(lambda x: F.max_pool2d(x[..., :4], 2).flatten(2).max(2).indices.float())[0] == "max_pool2d"
+
+
 def test_a_pooling_stays_where_a_reduction_of_its_reshaped_value_misses_whole_tiles():
     tiles = lambda x: F.avg_pool2d(x[..., :4], 2)  # noqa: E731  (4, 8, 3, 2)
     assert ops(lambda x: torch.tanh(tiles(x).reshape(4, 8, 3, 2).mean(3)))[0] == "avg_pool2d"
@@ -410,6 +423,15 @@ def test_a_quadratic_of_one_value_reads_in_horners_form_however_distributed(writ
     with torch.no_grad():
         assert torch.allclose(original(X_IMAGE), written(CONV(X_IMAGE)), atol=1e-5)
     assert ops(lambda x: written(CONV(x)), CONV) == ops(original, CONV) == ["convolution2d", "mul", "add", "mul"]
+
+
+def test_a_value_of_three_levels_in_a_channel_is_no_quadratic_of_it():
+    # session 38's red team: each channel's mean broadcast over a batch of three; a cubic of it
+    # fitted a quadratic per channel exactly
+    channel_mean = lambda x: x.mean((2, 3), keepdim=True) + torch.zeros_like(x)  # noqa: E731
+    cubic = ops(lambda x: (lambda s: s * s * s + s)(channel_mean(x)), shape=(3, 8, 6, 5))
+    quadratic = ops(lambda x: (lambda s: (s * 2.0 + 1.0) * s + BIAS_C[:, :1])(channel_mean(x)), shape=(3, 8, 6, 5))
+    assert cubic != quadratic
 
 
 def test_polynomials_that_differ_read_apart():
@@ -2148,6 +2170,11 @@ def test_a_convolutions_input_gradient_is_read_as_the_convolution_it_transposes(
     transposed = lambda x: torch.tanh(F.conv_transpose2d(x, weight, stride=stride))  # noqa: E731
     assert torch.allclose(gradient(X_IMAGE), transposed(X_IMAGE), atol=1e-5)
     assert ops(gradient) == ops(transposed) == [("convolution_transpose2d" if stride > 1 else "convolution2d"), "tanh"]
+    # session 38's red team: the bias's gradient, the op's third output, is no convolution
+    image = torch.randn(size)
+    bias_gradient = lambda g: torch.ops.aten.convolution_backward(  # noqa: E731
+        g, image, weight, [3], [stride] * 2, [0, 0], [1, 1], False, [0, 0], 1, [False, False, True])[2]
+    assert "convolution2d" not in ops(lambda x: bias_gradient(x).sum())
 
 
 def test_a_convolution_written_as_unfold_and_a_product_with_no_bias_is_a_convolution():
