@@ -292,9 +292,9 @@ class _Equivalences(_Unspelled, _Recognisers):
         for node, named in names.items():
             if named[:1] != ["layer_norm"] or node.value is None or node.value.dim() < 3:
                 continue
-            groups = _normalised_groups(node)
-            layout = self._reshaped_reader(node) if groups and groups > 1 and not self._reordered(node) else None
-            if layout is not None:
+            layout = None if self._reordered(node) else self._reshaped_reader(node)  # the graph first, then the values
+            groups = _normalised_groups(node) if layout is not None else None
+            if groups and groups > 1:
                 names[node] = [_norm_in_layout(layout.value, groups) or "layer_norm", *named[1:]]
 
     def _reshaped_reader(self, node):

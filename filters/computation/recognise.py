@@ -1124,11 +1124,25 @@ def _is_norm_of(source: torch.Tensor, target: torch.Tensor, dims, groups) -> boo
     return eps <= MAX_EPS and close(((view - mean) / torch.sqrt(var + eps)).reshape(source.shape), target, 2e-3)
 
 
+def _corner(source: torch.Tensor, dim) -> tuple:
+    """Every index of `dim` and the first four of each other dimension: a fit tried there first."""
+    return tuple(slice(None) if d == dim else slice(0, 4) for d in range(source.dim()))
+
+
+def _rows_along(source: torch.Tensor, target: torch.Tensor, dim) -> tuple:
+    """`source` and `target` as rows to fit one function each: one row (dim None), or one per
+    index along `dim`."""
+    if dim is None:
+        return source.reshape(1, -1), target.reshape(1, -1)
+    return (source.movedim(dim, 0).reshape(source.shape[dim], -1),
+            target.movedim(dim, 0).reshape(target.shape[dim], -1))
+
+
 def _quadratic_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, ...] | None:
     """Horner's names for target = a source^2 + b source + c, a, b and c scalars (dim None) or
     one per index along `dim`, fitted by least squares (on a corner first); None where no such
     a, b and c fit, or a is zero (an affine map: `_affine`)."""
-    corner = tuple(slice(None) if d == dim else slice(0, 4) for d in range(source.dim()))
+    corner = _corner(source, dim)
     if _quadratic_coefficients(source[corner], target[corner], dim) is None:
         return None
     fit = _quadratic_coefficients(source, target, dim)
@@ -1143,8 +1157,7 @@ def _quadratic_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str
 
 
 def _quadratic_coefficients(source: torch.Tensor, target: torch.Tensor, dim) -> tuple | None:
-    x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
-        (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
+    x, y = _rows_along(source, target, dim)
     if x.shape[1] < 8:
         return None
     ordered = x.sort(1).values
@@ -1168,7 +1181,7 @@ def _fit_affine(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, .
     """("mul", "add") when target = a * source + b, with a and b scalars (dim None) or one
     per index along `dim`; the fitted a and b decide which of the two it needs. Fitted on a
     corner of the tensors first (every index of `dim`, a few of each other dimension)."""
-    corner = tuple(slice(None) if d == dim else slice(0, 4) for d in range(source.dim()))
+    corner = _corner(source, dim)
     if _affine_fit(source[corner], target[corner], dim) is None:
         return None
     return _affine_fit(source, target, dim)
@@ -1185,8 +1198,7 @@ def _affine_fit(source: torch.Tensor, target: torch.Tensor, dim) -> tuple[str, .
 
 def _affine_coefficients(source: torch.Tensor, target: torch.Tensor, dim) -> tuple | None:
     """(a, b) with target = a * source + b, scalars (dim None) or one per index along `dim`."""
-    x, y = (source.reshape(1, -1), target.reshape(1, -1)) if dim is None else \
-        (source.movedim(dim, 0).reshape(source.shape[dim], -1), target.movedim(dim, 0).reshape(target.shape[dim], -1))
+    x, y = _rows_along(source, target, dim)
     if x.shape[1] < 4:
         return None
     xm, ym = x.mean(1, keepdim=True), y.mean(1, keepdim=True)
