@@ -153,7 +153,7 @@ def trace(code: str, untrusted: bool = True, checks: ChecksDevice | None = None)
     return read(code, untrusted, checks).graph
 
 
-def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, own_sizes: bool = False,
+def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, in_full: bool = False,
          small_only: bool = False) -> Reading:
     """What the task computes (filters/computation/) as space-separated op names, from a
     fresh load of its code; None when it cannot be traced. It runs the task's code: the worker
@@ -171,13 +171,17 @@ def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, 
     device shows the same ops (KernelBench at its full sizes took 115 s, not 39, and 4 of
     200 tasks ran past the worker's 20 s), and one the policy allows is spelled on meta
     where no reading on real tensors runs. Such a reading that left ops unspelled is
-    `partial`; `own_sizes` reads a task at its own sizes alone, `small_only` never reads it
+    `partial`; `in_full` reads such a task again as a candidate is read past its small
+    problem: at the small batch, and at its own sizes where that leaves ops unspelled too (a
+    task that cut its widths into 512 segments read at widths of 16 as segments of one, its
+    layer and norm constant; at the small batch it reads in full). `small_only` never reads it
     there on real tensors (the composer's reference screen: a full-size task on one CPU
     thread can take seconds)."""
     checks = checks or ChecksDevice()
     graph = None
     try:
-        smaller = [code] if own_sizes else dict.fromkeys([*small_problem(code), *([] if small_only else [code])])
+        ladder = [*small_problem(code), code]
+        smaller = dict.fromkeys(ladder[1:] if in_full else ladder[:-1] if small_only else ladder)
     except Exception:  # code that does not parse: nothing to trace
         return Reading(None)
     for small in smaller:
@@ -186,9 +190,9 @@ def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, 
                                                  untrusted)
         except Exception:  # sizes the model cannot take, an op without a kernel, memory, ReadingsDisagree, ...
             continue
-        if small == code or (not (untrusted and unspelled) and _same_ops_at_its_sizes(code, small)):
+        if small == code or (not ((untrusted or in_full) and unspelled) and _same_ops_at_its_sizes(code, small)):
             return Reading(graph, partial=small != code and bool(unspelled))
-    if untrusted or own_sizes:
+    if untrusted or in_full:
         # no reading on real tensors stands: on meta its values would go unread, and a round
         # trip around a KernelBench layer (`x * 4 * 0.25`) or a GEMM written as a broadcast
         # product and a sum (a red team's, whose readings disagreed at every size) would be

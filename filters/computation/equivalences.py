@@ -36,7 +36,8 @@ class _Unspelled:
                 frontier.extend(self.inputs[node])
         hidden = [op for op in self.ops if op in reaching and op not in spelled
                   and (op.variable or op in self.made_constant) and canonical(op)]
-        structural = self._identities() | self._renamed_composites(hidden, spelled) if hidden else set()
+        structural = self._identities() | self._renamed_composites(hidden, spelled) | \
+            self._inside_arithmetic_maps(hidden, spelled) if hidden else set()
         left_out = set(hidden) - structural
         # a kernel's zero taps and an image's zero or repeated slices are facts about values, and
         # these sizes' may not be the task's (a red team's 3x3 kernel, zero but for its centre at
@@ -73,6 +74,20 @@ class _Unspelled:
                    and self._layout_root(self.reads[node][0]) is source for node in reshaped):
                 renamed.add(op)
         return renamed
+
+    def _inside_arithmetic_maps(self, hidden: list, spelled: set) -> set:
+        """Arithmetic inside a map the sequence names by arithmetic (an affine map, a
+        polynomial) that spells it: `x * a + b` is `mul add` at its add, its mul inside. Where a
+        is 1 the same map is the add alone, and the mul is nothing: two readings of one task (its
+        own weights, generic ones) had each left out an op the other spelled (an adversary's
+        GroupNorm affine of 2 and 0)."""
+        inside = set()
+        for node in spelled:
+            names = set(self.named.get(node, ()))
+            if names and names <= set(AFFINE) and len(self.reads[node]) == 1:
+                inside |= {op for op in self._between(node, self.reads[node][0])
+                           if set(canonical(op)) <= names}
+        return inside & set(hidden)
 
     def _layout_root(self, node):
         """The node `node` is a reshape of (itself if it is none)."""
@@ -161,7 +176,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         live = self._live(outputs)
         nodes = [op for op in self.ops if op in live and op.variable]
         reads = {node: [r for r in (self._resolve(i) for i in self.reads[node]) if r.variable] for node in nodes}
-        unspelled = _merged_branches(nodes, lambda n: reads[n], self.names) | \
+        unspelled = _merged_branches(nodes, lambda n: reads[n], self.names, self._resolve) | \
             padded_by_convolutions(nodes, lambda n: reads[n])
         names = {node: self.names(node) for node in nodes if node not in unspelled}
         self._name_norms_in_their_layout(names)
@@ -172,9 +187,12 @@ class _Equivalences(_Unspelled, _Recognisers):
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         chained = _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
-        return canonical_order(spelled([node for node in nodes if node in names], names.get, reads.get,
+        ordered = [node for node in _in_canonical_order(nodes, reads, names,
+                                                        [self._resolve(node) for node in self._makers(outputs)])
+                   if node in names]
+        return canonical_order(spelled(ordered, names.get, reads.get,
                                        lambda node, name: self._chained_arithmetic(node, name, affine, reads, chained),
-                                       self._pooled_source, self._free_weights))
+                                       self._pooled_source, self._free_weights, _branch_starts(ordered, reads, names)))
 
     def _free_weights(self, node) -> bool:
         """Whether the product or convolution `node` (an op, or a run of linear ops read as one)
@@ -367,7 +385,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         if same is None and not found and not bounding and self.folded:
             same = next((node for node in self._window(op, inside=True) if node in self.folded
                          and self._same(op, node)), None)
-        if same is not None and layout and op.value.dim() == 4 and same.value.dim() != 4:
+        if same is not None and layout and 3 <= op.value.dim() <= 5 and same.value.dim() != op.value.dim():
             # a matrix product reshaped into an image is a convolution when it is one (unfold,
             # a product, reshaped back, with no bias after it to be recognised at)
             found = self._convolution(op, window, self._depends_on(op, 2))
@@ -447,6 +465,66 @@ class _Equivalences(_Unspelled, _Recognisers):
 
 AFFINE = ("mul", "add")
 POWERS = frozenset({"pow", "square", "reciprocal"})  # named `mul`, and no scale
+
+
+def _in_canonical_order(nodes: list, reads: dict, names: dict, outputs: list) -> list:
+    """`nodes` (in the order they ran) in an order that what they compute decides alone: each
+    after what it reads, each branch whole before the next, and the branches a node reads
+    ordered by what they compute, nearest first (`_branch_keys`). Independent branches run in
+    either order read alike (`sigmoid(x) + tanh(x)` with the tanh computed first read `tanh
+    sigmoid add`)."""
+    keys = _branch_keys(nodes, reads, names)
+    order, seen = [], set()
+    for root in [*outputs, *nodes]:
+        stack = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+            elif node in keys and node not in seen:
+                seen.add(node)
+                stack.append((node, True))
+                stack.extend((read, False) for read in sorted(reads[node], key=lambda r: keys.get(r, ()), reverse=True))
+    return order
+
+
+def _branch_starts(ordered: list, reads: dict, names: dict) -> frozenset:
+    """The nodes of `ordered` that spell a name and read no value of the node spelled before
+    them, through nodes that spell none: where a branch begins (names.BRANCH)."""
+    starts, previous = set(), None
+    for node in (node for node in ordered if names.get(node)):
+        if previous is not None and previous not in _spelled_reads(node, reads, names):
+            starts.add(node)
+        previous = node
+    return frozenset(starts)
+
+
+def _spelled_reads(node, reads: dict, names: dict) -> set:
+    """The nodes spelling a name that `node` reads, through nodes that spell none."""
+    found, seen, frontier = set(), set(), list(reads.get(node, ()))
+    while frontier:
+        read = frontier.pop()
+        if read in seen:
+            continue
+        seen.add(read)
+        if names.get(read):
+            found.add(read)
+        else:
+            frontier.extend(reads.get(read, ()))
+    return found
+
+
+BRANCH_KEY_NAMES = 16  # names a branch is ordered by: a change deep in it moves it no more
+
+
+def _branch_keys(nodes: list, reads: dict, names: dict) -> dict:
+    """Each node's key: its names, then its reads' keys in order, up to BRANCH_KEY_NAMES.
+    Names, not a digest: two branches alike but for one op keep their order."""
+    keys: dict = {}
+    for node in nodes:  # in the order they ran: what a node reads has its key already
+        below = sorted(keys.get(read, ()) for read in reads[node])
+        keys[node] = (tuple(names.get(node, ())) + tuple(name for key in below for name in key))[:BRANCH_KEY_NAMES]
+    return keys
 
 
 def _chain_affine_maps(nodes: list, reads: dict, names: dict, affine: set) -> dict:
@@ -660,9 +738,13 @@ def _factor_shared_products(nodes: list, reads: dict, names: dict, outputs: set)
         factors = [_factors(product, reads, names) for product in products]
         if any(f is None or len(users.get(p, [])) != 1 or p in outputs for f, p in zip(factors, products)):
             continue
-        if any(a is b for a in factors[0] for b in factors[1]):
-            names[products[0]] = names[products[1]] = []
-            names[node] = ["add", "mul"]
+        shared = next((a for a in factors[0] for b in factors[1] if a is b), None)
+        if shared is not None:
+            # the sum at the first product, the product at `node`, as `(x - y) * y` is spelled
+            others = [second if first is shared else first for first, second in factors]
+            names[products[0]], reads[products[0]] = ["add"], others
+            names[products[1]] = []
+            names[node], reads[node] = ["mul"], [products[0], shared]
 
 
 def _factors(node, reads: dict, names: dict) -> tuple | None:

@@ -39,7 +39,7 @@ BOUNDING = frozenset({"clamp", "clamp_min", "clamp_max", "minimum", "maximum", "
                       "hardtanh", "relu6"})
 SELECTION = frozenset({"where", "gt", "lt", "ge", "le", "eq", "ne", "masked_fill", "logical_not", "logical_and",
                        "logical_or", "isnan", "isinf", "isfinite"})
-SPLIT = {"addmm": ("mm", "add"), "addmv": ("mv", "add"), "baddbmm": ("bmm", "add"), "addbmm": ("bmm", "sum", "add"),
+SPLIT = {"addmm": ("mm", "add"), "addmv": ("mm", "add"), "baddbmm": ("mm", "add"), "addbmm": ("mm", "add"),
          "linear": ("mm", "add"), "matmul": ("mm",), "bmm": ("mm",), "mv": ("mm",), "dot": ("mm",),
          "mean": ("sum", "mul"), "log1p": ("add", "log"), "expm1": ("exp", "add"), "rsqrt": ("sqrt", "mul"),
          # a fused multiply-add is its parts (an adversary wrote a norm's weight and bias as one addcmul)
@@ -121,10 +121,11 @@ def _composite_runs() -> list[tuple[tuple[str, ...], str]]:
     return sorted(runs.items(), key=lambda item: -len(item[0]))
 
 
-def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=None) -> set:
+def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=None, resolve=lambda node: node) -> set:
     """The nodes to leave out: a cat or stack itself and every input branch but the first,
     where each branch is the same op sequence on its own part of the same tensors, and a cat or
-    stack of one value with itself."""
+    stack of one value with itself. `resolve` is the value a part is (a squeeze of a product
+    is the product: an adversary's two towers of `baddbmm(...).squeeze(1)`, cat)."""
     names_of = names_of or functools.partial(canonical, symbolic=True)
     merges = [node for node in nodes if _name(node) in MERGES and node.args
               and isinstance(node.args[0], (list, tuple)) and len(node.args[0]) >= 2]
@@ -136,7 +137,7 @@ def _merged_branches(nodes: list, inputs_of=lambda node: node.inputs, names_of=N
         ancestors[node] = {node}.union(*(ancestors.get(arg, set()) for arg in inputs_of(node)))
     merged: set = set()
     for node in merges:
-        parts = node.args[0]
+        parts = [resolve(part) if isinstance(part, _Op) else part for part in node.args[0]]
         if all(part is parts[0] for part in parts):  # one value side by side, as `repeat` makes it: layout
             merged.add(node)
             continue
@@ -486,9 +487,17 @@ class Spelled:
     free: Callable[[], bool] | None = None
 
 
+# Where a spelled op does not read the one spelled before it, a branch begins: `max | tanh
+# mul` is tanh(x) * amax(x), `max tanh mul` tanh(amax(x)) * x. The branches' order is what they
+# compute (equivalences._in_canonical_order), not the order they ran in.
+BRANCH = "|"
+
+
 def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: None,
-            pooled_source=lambda node: (None, False), free_weights=lambda node: False) -> list[Spelled]:
-    """The names of `nodes` in order, with what `canonical_order` needs to know of each."""
+            pooled_source=lambda node: (None, False), free_weights=lambda node: False,
+            branches: frozenset = frozenset()) -> list[Spelled]:
+    """The names of `nodes` in order, with what `canonical_order` needs to know of each, and
+    BRANCH before each node of `branches`."""
     users: dict = {}
     for node in nodes:
         for read in reads_of(node):
@@ -504,6 +513,8 @@ def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: No
             continue
         read = passed.get(reads[0], reads[0]) if len(reads) == 1 else None
         linked = previous is not None and read is previous and users.get(reads[0]) == 1
+        if node in branches:
+            items.append(Spelled(BRANCH, node))
         source, plain = pooled_source(node)
         free = functools.partial(free_weights, node) if ends_in_a_layer(names) else None
         items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain, free)

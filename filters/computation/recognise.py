@@ -76,11 +76,12 @@ class _Recognisers:
         factors = self._factors(op) if canonical(op) == ["mul"] else []
         for node in (n for n in window if n.value.shape == op.value.shape):
             name = self._elementwise(op, node)
+            names = (name,) if name else None
             if name is None:
                 along = _dim_tests(op.value.float()) if along is None else along
-                name = next((name for name, test in along if test(node.value.float())), None)
-            if name:
-                return (name,), [node]
+                names = next((names for names, test in along if test(node.value.float())), None)
+            if names:
+                return names, [node]
             if node in factors and (name := self._times_a_function_of_it(op, node, factors)):
                 return (name, "mul"), [node]
             if len(factors) > 1 and (name := self._scaled_function_of_it(op, node, factors)):
@@ -188,10 +189,14 @@ class _Recognisers:
             return None  # (batch, channels), its channels in groups, or (batch, channels, 1, 1)
         batch = target.shape[0]
         flat = target.float().reshape(batch, -1)
-        channels = flat.shape[1]
+        channels, largest = flat.shape[1], float(flat.abs().max())
+        # groups that each average to zero make rows that do: one pass rules most values out
+        # (a 4,096 x 4,096 value had been asked each of its 12 counts, 48 times a reading)
+        if float(flat.mean(-1).abs().max()) >= 1e-4 * largest:
+            return None
         counts = [g for g in range(1, channels // 2 + 1) if channels % g == 0
-                  and float(flat.reshape(batch, g, -1).mean(-1).abs().max()) < 1e-4 * float(flat.abs().max())]
-        if not counts or float(flat.abs().max()) < 1e-6:
+                  and float(flat.reshape(batch, g, -1).mean(-1).abs().max()) < 1e-4 * largest]
+        if not counts or largest < 1e-6:
             return None
         for node in (n for n in window if n.value.dim() >= 3 and n.value.shape[0] == batch
                      and n.value.shape[1] == channels and n.value.is_floating_point()):
@@ -578,10 +583,14 @@ class _Recognisers:
         # a pooling that keeps the size (stride 1, padded) is asked only of what can write one:
         # every op of that shape would be asked otherwise
         same_size = not POOL_ENDS.isdisjoint(name) or any(map(is_convolution, name))
-        for node in (n for n in window if n.value.dim() == op.value.dim() and n.value.is_floating_point()
-                     and image(n.value).shape[:2] == target.shape[:2]
-                     and (same_size or image(n.value).shape[2:] != target.shape[2:])):
-            x = image(node.value)
+        # either may hold its channels last, (batch, *positions, channels): adversaries' block
+        # maxima of permuted views, one read by a product before any permute back
+        sources = (lambda value: [image(value)]) if flat else _layouts
+        candidates = [(t, node, x) for node in window if node.value.dim() == op.value.dim()
+                      and node.value.is_floating_point() for x in sources(node.value)
+                      for t in ([target] if flat else _layouts(target))
+                      if x.shape[:2] == t.shape[:2] and (same_size or x.shape[2:] != t.shape[2:])]
+        for target, node, x in candidates:
             for kind, kernel, stride, padding, dilation in _pool_settings(x.shape[2:], target.shape[2:]):
                 # one channel of one sample rules most settings out, in microseconds: only what
                 # passes it counts against the contractions a reading may try
@@ -716,7 +725,10 @@ class _Recognisers:
             return None
         if _name(op) in LAYOUT_ONLY and self._reshapes_a_solved_map(op) or self._run_goes_on(op, source):
             return None  # a reshape of what was solved, or a join the next one takes in
-        found = solve_convolution(source.value.float(), op.value.float(), self._solved)
+        # its channels where a layer puts them, or last (an adversary's patches contracted into
+        # (batch, *positions, channels))
+        found = next((fit for image in _layouts(op.value.float())
+                      if (fit := solve_convolution(source.value.float(), image, self._solved)) is not None), None)
         if found is None or (biased and found.bias is None):
             return None
         self.linear_maps[op] = found
@@ -801,7 +813,7 @@ class _Recognisers:
             found = self._matmul(op, window, weights)
             if found:
                 return found
-        return self._convolution(op, window, weights) if op.value.dim() == 4 else None
+        return self._convolution(op, window, weights) if 3 <= op.value.dim() <= 5 else None
 
     def _tested(self) -> None:
         """Count one contraction tried (a value against a weight, or a convolution's
@@ -880,12 +892,15 @@ class _Recognisers:
         return None
 
     def _convolution(self, op, window, weights):
-        target = op.value.float()
-        for weight in (w for w in weights if w.value.dim() == 4 and w.value.shape[0] == target.shape[1]):
+        """A convolution of 1 to 3 spatial dimensions of an earlier value by a weight, whatever
+        computes it (unfold, sliding windows of `Tensor.unfold` and a product, shifted products)."""
+        rank = op.value.dim()
+        for target, weight, node in ((t, w, n) for t in _layouts(op.value.float()) for w in weights
+                                     if w.value.dim() == rank and w.value.shape[0] == t.shape[1]
+                                     for n in window if n.value.dim() == rank and n.value.shape[0] == t.shape[0]):
             w = weight.value.float()
             biases = [None] + [n.value.float() for n in self._depends_on(op, 1) if n.value.shape == (target.shape[1],)]
-            for node in (n for n in window if n.value.dim() == 4 and n.value.shape[0] == target.shape[0]):
-                x = node.value.float()
+            for x in _layouts(node.value.float()):
                 if x.shape[1] % w.shape[1]:
                     continue
                 groups = x.shape[1] // w.shape[1]
@@ -893,15 +908,13 @@ class _Recognisers:
                     continue  # no grouped convolution of these (a red team's 6 of 8 channels raised here)
                 for stride, padding, dilation in _conv_settings(x, w, target):
                     self._tested()
-                    if groups == 1 and not close(F.conv2d(x[:1], w[:1], None, stride, padding, dilation),
-                                                 target[:1, :1] - (target[:1, :1] - F.conv2d(
-                                                     x[:1], w[:1], None, stride, padding, dilation)).mean(), 1e-3):
+                    if groups == 1 and not _one_channel_fits(x, w, target, stride, padding, dilation):
                         continue  # one output channel, up to its bias, rules most settings out
                     for bias in biases:
-                        got = F.conv2d(x[:1], w, bias, stride, padding, dilation, groups)
+                        got = _convolved(x[:1], w, bias, stride, padding, dilation, groups)
                         # then every sample: a task can convolve the first alone
-                        if close(got, target[:1], 1e-3) and close(F.conv2d(x, w, bias, stride, padding, dilation,
-                                                                           groups), target, 1e-3):
+                        if close(got, target[:1], 1e-3) and close(_convolved(x, w, bias, stride, padding, dilation,
+                                                                             groups), target, 1e-3):
                             name = convolution_names(x, w, target, stride, padding, dilation, groups, bias is not None,
                                                      transposed=False)
                             return tuple(name), [node]
@@ -1008,24 +1021,55 @@ def _dim_tests(target: torch.Tensor) -> list:
     """(name, test of a source) for what `target` could be along its dimensions: softmax,
     log-softmax, the normalisations. Asked of one fibre of the target first (sums to one,
     mean 0 and variance up to 1), so that most ops have no test to run on their sources."""
-    tests = []
+    tests = _softmax_tests(target)
     for dim in range(target.dim()):
         if target.shape[dim] < 2:
             continue
         fibre = _fibre(target, (dim,))
-        if fibre.min() >= 0 and abs(float(fibre.sum()) - 1) < 1e-4 and _normalised(target, (dim,), 0, "softmax"):
-            tests.append(("softmax", lambda source, dim=dim: close(torch.softmax(source, dim), target)))
         if abs(float(torch.logsumexp(fibre, 0))) < 1e-4 and _normalised(target, (dim,), 0, "log_softmax"):
-            tests.append(("log_softmax", lambda source, dim=dim: close(torch.log_softmax(source, dim), target)))
+            tests.append((("log_softmax",), lambda source, dim=dim: close(torch.log_softmax(source, dim), target)))
     normalised = [(dims, groups) for dims, groups in _norm_dims(target)
                   if _normalised(_group_view(target, groups) if groups else target, (2,) if groups else dims, 0, "norm")]
     # a norm in g groups looks normalised in every count that divides g as well: the finest
     # are tried (a red team's sign pattern looked normalised in all 120 of its counts)
     grouped = sorted((found for found in normalised if found[1]), key=lambda found: -found[1])
     for dims, groups in [found for found in normalised if not found[1]] + grouped[:GROUP_COUNTS_TRIED]:
-        tests.append((norm_name(target.dim(), dims, groups),
+        tests.append(((norm_name(target.dim(), dims, groups),),
                       lambda source, dims=dims, groups=groups: _is_norm_of(source, target, dims, groups)))
     return tests
+
+
+def _softmax_tests(target: torch.Tensor) -> list:
+    """Softmax along one dimension or the trailing ones from any (an adversary's spatial
+    softmax over (2, 3, 4) unflattened), and softmax times a constant of the other dimensions,
+    the same in every sample (its gain per channel folded into the normaliser: `softmax mul`)."""
+    if not target.numel() or target.min() < 0:
+        return []
+    tests, ndim = [], target.dim()
+    for dims in [(d,) for d in range(ndim)] + [tuple(range(first, ndim)) for first in range(1, ndim - 1)]:
+        if all(target.shape[d] < 2 for d in dims) or float(_fibre(target, dims).sum()) <= 0:
+            continue
+        if abs(float(_fibre(target, dims).sum()) - 1) < 1e-4 and _normalised(target, dims, 0, "softmax"):
+            tests.append((("softmax",), lambda source, dims=dims: close(_softmax(source, dims), target)))
+        elif ndim >= 2 and (gain := _constant_sums(target, dims)) is not None:
+            tests.append((("softmax", "mul"), lambda source, dims=dims, gain=gain: close(_softmax(source, dims) * gain,
+                                                                                      target)))
+    return tests
+
+
+def _softmax(source: torch.Tensor, dims: tuple) -> torch.Tensor:
+    shifted = (source - source.amax(dims, keepdim=True)).exp()
+    return shifted / shifted.sum(dims, keepdim=True)
+
+
+def _constant_sums(target: torch.Tensor, dims: tuple) -> torch.Tensor | None:
+    """The sums of `target` along `dims` where they are positive and the same in every sample
+    (a constant of the other dimensions), else None."""
+    if 0 in dims:
+        return None
+    sums = target.sum(dims, keepdim=True)
+    first = sums[:1]
+    return first if float(first.min()) > 0 and close(sums, first.expand_as(sums)) else None
 
 
 def _piecewise(source: torch.Tensor, target: torch.Tensor) -> str | None:
@@ -1277,6 +1321,28 @@ def _matmul_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
 
 def _without_ones(shape) -> tuple:
     return tuple(n for n in shape if n != 1)
+
+
+def _layouts(value: torch.Tensor) -> list[torch.Tensor]:
+    """A (batch, channels, *positions) value as it is, and a (batch, *positions, channels) one
+    read as the first is (its channels moved to the second dimension)."""
+    return [value] + ([value.movedim(-1, 1)] if value.dim() >= 3 and value.shape[-1] != value.shape[1] else [])
+
+
+def _one_channel_fits(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, stride: int, padding: int,
+                      dilation: int) -> bool:
+    """Whether the first output channel of the first sample is x convolved by w's first kernel,
+    up to a bias."""
+    first = _convolved(x[:1], w[:1], None, stride, padding, dilation, 1)
+    return close(first, target[:1, :1] - (target[:1, :1] - first).mean(), 1e-3)
+
+
+def _convolved(x: torch.Tensor, w: torch.Tensor, bias, stride: int, padding: int, dilation: int,
+               groups: int) -> torch.Tensor:
+    """x convolved by w over its 1 to 3 spatial dimensions."""
+    spatial = x.dim() - 2
+    return torch.ops.aten.convolution.default(x, w, bias, [stride] * spatial, [padding] * spatial,
+                                              [dilation] * spatial, False, [0] * spatial, groups)
 
 
 def _conv_settings(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor):

@@ -301,14 +301,20 @@ def _decompositions() -> dict:
 # Kernels a device fuses where another runs the parts: a CUDA tensor's F.rms_norm is one
 # `_fused_rms_norm`, a CPU tensor's its decomposition. Recorded as the parts on every device,
 # so that a task traced on its checks' GPU is spelled as the reference traced on the CPU is.
-DEVICE_FUSED = ("_fused_rms_norm",)
+# Fused arithmetic is recorded as its parts too, so that every rule reads a product and a sum
+# it holds as it reads them written apart (`x + sigmoid(x) * x` as one addcmul is a silu and an add).
+DEVICE_FUSED = ("_fused_rms_norm", "addcmul", "addcdiv", "lerp")
 
 
 @functools.cache
 def _device_fused() -> dict:
     from torch._decomp import get_decompositions
     aten = torch.ops.aten
-    return get_decompositions([getattr(aten, name) for name in DEVICE_FUSED if hasattr(aten, name)])
+    parts = get_decompositions([getattr(aten, name) for name in DEVICE_FUSED if hasattr(aten, name)])
+    # torch's own lerp picks a form by the weight's size (a `where`): the formula is what it computes
+    parts.update(dict.fromkeys((aten.lerp.Scalar, aten.lerp.Tensor),
+                               lambda start, end, weight: torch.add(start, torch.mul(torch.sub(end, start), weight))))
+    return parts
 
 
 def _constant_leaves(node: _Op) -> set:

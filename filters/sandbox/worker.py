@@ -467,7 +467,7 @@ def _trace_child(job: dict, options: dict, workdir: str, write_fd: int, shared: 
         sys.addaudithook(_refuse_escapes(workdir))
         cfg = {**DEFAULTS, **job["config"]}
         checks = _checks_device(cfg, options, cfg["gpu_alone"])
-        reading = read(job["code"], cfg.get("untrusted", True), checks, cfg.get("own_sizes", False))
+        reading = read(job["code"], cfg.get("untrusted", True), checks, cfg.get("in_full", False))
         return accepted({"op_graph": reading.graph, "partial": reading.partial})
     _run_in_child(traced, options, workdir, write_fd)
 

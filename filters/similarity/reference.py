@@ -134,9 +134,9 @@ def in_full(codes: list[str], entries: list[dict], pool, cache_dir: str | Path, 
     activations after it are identities, and its reference at the small problem."""
     partial = [i for i, entry in enumerate(entries) if entry.get("partial")]
     settings = {key: value for key, value in (checks or {}).items() if key in ("device", "seed")}
-    again = _cached([{"code": codes[i], "config": {"trace_only": True, "untrusted": False, "own_sizes": True,
+    again = _cached([{"code": codes[i], "config": {"trace_only": True, "untrusted": False, "in_full": True,
                                                    **settings}} for i in partial],
-                    [graph_key(codes[i], own_sizes=True, device=settings.get("device", "cpu")) for i in partial],
+                    [graph_key(codes[i], in_full=True, device=settings.get("device", "cpu")) for i in partial],
                     pool, cache_dir)
     graphs = [entry["op_graph"] for entry in entries]
     for i, entry in zip(partial, again):
@@ -164,11 +164,11 @@ def stored_reading(store: JsonStore, key: str, result: dict) -> dict:
     return reading
 
 
-def graph_key(code: str, as_candidate: bool = False, own_sizes: bool = False, device: str = "cpu") -> str:
+def graph_key(code: str, as_candidate: bool = False, in_full: bool = False, device: str = "cpu") -> str:
     """The key of a task's traced op sequence in the cache: its code, the tracer and torch
     (and whether it was traced as a candidate, or at its own sizes on which device)."""
     import torch
-    mode = f"\x00own\x00{device}" if own_sizes else "" if device == "cpu" else f"\x00on\x00{device}"
+    mode = f"\x00own\x00{device}" if in_full else "" if device == "cpu" else f"\x00on\x00{device}"
     mode = ("\x00candidate" if as_candidate else "") + mode
     return hashlib.sha256(f"{GRAPH_VERSION}\x00{torch.__version__}\x00{code}{mode}".encode()).hexdigest()
 

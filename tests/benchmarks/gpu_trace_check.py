@@ -135,7 +135,7 @@ def reference_in_full(codes: list[str], device: str) -> None:
             continue
         partial += 1
         began = time.perf_counter()
-        full = harness.read(code, untrusted=False, checks=own, own_sizes=True).graph
+        full = harness.read(code, untrusted=False, checks=own, in_full=True).graph
         seconds.append(time.perf_counter() - began)
         stands += full is not None
         if full is not None and full != small.graph:

@@ -344,6 +344,6 @@ def test_a_reading_is_cached_apart_for_each_way_and_device_it_was_read():
     and so its reading, can differ), nor a candidate's reading a reference task's."""
     code = "class Model: pass\n"
     keys = {graph_key(code), graph_key(code, as_candidate=True), graph_key(code, as_candidate=True, device="cuda"),
-            graph_key(code, own_sizes=True), graph_key(code, own_sizes=True, device="cuda")}
+            graph_key(code, in_full=True), graph_key(code, in_full=True, device="cuda")}
     assert len(keys) == 5
     assert graph_key(code, as_candidate=True, device="cuda") == graph_key(code, as_candidate=True, device="cuda")
