@@ -13,7 +13,7 @@ from filters.computation.names import (LAYOUT_ONLY, BOUNDING, RESHAPES, named_by
                                       convolution_names,
                                       canonical_order, bound_reach, padded_by_convolutions, plain_average, spelled,
                                       CHANNEL, COUNT, ELEMENT_BOUNDS, GENERIC, NORMS, SCALAR, norm_affine_reach,
-                                      norm_name)
+                                      norm_name, NORM_NAMES)
 from filters.computation.linear import LinearRun, names_a_linear_map
 from filters.computation.recognise import WINDOW, _Recognisers, _normalised, affine_reach
 from filters.computation.record import _Op, _Recorder, _constant_leaves, argument_values
@@ -70,7 +70,7 @@ class _Unspelled:
                     if _name(user) in LAYOUT_ONLY and user not in reshaped:
                         reshaped.add(user)
                         frontier.append(user)
-            if any(node in spelled and node.variable and self.named.get(node) == name
+            if any(node in spelled and node.variable and _renamed(self.named.get(node), name)
                    and self._layout_root(self.reads[node][0]) is source for node in reshaped):
                 renamed.add(op)
         return renamed
@@ -466,6 +466,13 @@ class _Equivalences(_Unspelled, _Recognisers):
 AFFINE = ("mul", "add")
 POWERS = frozenset({"pow", "square", "reciprocal"})  # named `mul`, and no scale
 
+
+def _renamed(named: tuple | None, name: tuple) -> bool:
+    """Whether a view back that reads as `named` spells an op named `name`: the same name, or a
+    norm named again by the layout it is viewed back into (a norm of (batch, groups, size)
+    rows, flattened, is a group norm of the whole)."""
+    return named == name or bool(named) and len(named) == len(name) == 1 and \
+        named[0] in NORM_NAMES and name[0] in NORM_NAMES
 
 def _in_canonical_order(nodes: list, reads: dict, names: dict, outputs: list) -> list:
     """`nodes` (in the order they ran) in an order that what they compute decides alone: each

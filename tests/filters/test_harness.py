@@ -647,3 +647,22 @@ def test_a_uniform_gain_with_a_window_shape_is_read_unless_a_convolution_takes_i
     task = make_task(f"return {forward}", init=f"self.conv = nn.Conv2d(4, 8, 3)\n{init}",
                      inputs="[torch.rand(batch_size, 4, 10, 10)]", constants="batch_size = 4")
     assert harness.trace(task).split() == read
+
+
+def test_a_partial_reading_is_read_again_at_the_small_batch_before_its_own_sizes():
+    """The sixth adversary's L2 62 cut its width into segments whose constant's name says no
+    group: at widths of 16 each segment held one feature and its norm was constant, the layer
+    unread. Read in full, a task is read at the small batch first, as a candidate is: here its
+    own sizes (a batch of 2 ** 26) cannot be held at all."""
+    code = make_task("""
+        h = self.embed(x).unflatten(1, (segments, -1))
+        h = torch.nn.functional.layer_norm(h, h.shape[-1:]).flatten(1)
+        return torch.nn.functional.leaky_relu(h * self.scale + self.shift)""",
+                     init="""
+        self.embed = nn.Linear(features, features)
+        self.scale = nn.Parameter(torch.full((features,), 2.0))
+        self.shift = nn.Parameter(torch.zeros(features))""",
+                     constants="batch_size = 67108864\nfeatures = 2048\nsegments = 128")
+    assert harness.read(code, untrusted=False).partial
+    full = harness.read(code, untrusted=False, in_full=True)
+    assert not full.partial and full.graph == "mm add group_norm mul add leaky_relu"

@@ -2188,3 +2188,82 @@ def test_a_convolution_written_as_unfold_and_a_product_with_no_bias_is_a_convolu
         return (conv.weight.reshape(4, -1) @ columns).reshape(x.shape[0], 4, x.shape[2] - 2, x.shape[3] - 2)
 
     assert ops(written, conv, shape=(4, 8, 10, 10)) == ops(conv, shape=(4, 8, 10, 10)) == ["convolution2d"]
+
+
+# -- session 39: a sixth adversary's rewrites and the order of branches ------------------------
+
+@pytest.mark.parametrize("written, fused", [
+    (lambda x: x + torch.sigmoid(x) * x, lambda x: torch.addcmul(x, torch.sigmoid(x), x)),
+    (lambda x: x * x + x, lambda x: torch.addcmul(x, x, x)),
+    (lambda x: 0.5 * x * x + 0.5 * x, lambda x: torch.lerp(x, x * x, 0.5)),
+    (lambda x: x + torch.sigmoid(x) * x, lambda x: torch.lerp(x, x + x, torch.sigmoid(x))),
+    (lambda x: x + torch.tanh(x) / (x * x + 1), lambda x: torch.addcdiv(x, torch.tanh(x), x * x + 1)),
+])
+def test_fused_arithmetic_reads_as_its_parts_written_apart(written, fused):
+    assert torch.allclose(written(X_IMAGE), fused(X_IMAGE), atol=1e-5)
+    assert ops(written) == ops(fused)
+
+
+@pytest.mark.parametrize("first, second", [
+    (lambda x: torch.sigmoid(x) + torch.tanh(x), lambda x: (lambda t: torch.sigmoid(x) + t)(torch.tanh(x))),
+    (lambda x: torch.relu(x).sum(1) * torch.sigmoid(x).amax(1),
+     lambda x: (lambda m: torch.relu(x).sum(1) * m)(torch.sigmoid(x).amax(1))),
+    (lambda x: torch.cat([torch.tanh(x), torch.exp(x)], 1), lambda x: (lambda e: torch.cat([torch.tanh(x), e], 1))(x.exp())),
+])
+def test_independent_branches_read_alike_whichever_ran_first(first, second):
+    assert ops(first) == ops(second)
+
+
+def test_which_branch_reads_what_is_part_of_the_reading():
+    # the same names in the same order, but the tanh reads x in one and the maximum in the other
+    apart = ops(lambda x: torch.tanh(x) * x.amax(1, keepdim=True))
+    chained = ops(lambda x: torch.tanh(x.amax(1, keepdim=True)) * x)
+    assert apart == ["max", "|", "tanh", "mul"] and chained == ["max", "tanh", "mul"]
+
+
+def test_a_product_split_into_batched_towers_and_joined_reads_as_one():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(12, 5), torch.randn(12)
+
+    def tower(x, w, b):  # the sixth adversary's L2 70: baddbmm of a (B, 1, K) view by an expanded weight
+        return torch.baddbmm(b.expand(x.shape[0], 1, -1), x.unsqueeze(1), w.t().expand(x.shape[0], -1, -1)).squeeze(1)
+    assert ops(lambda x: torch.cat([tower(x, weight[:6], bias[:6]), tower(x, weight[6:], bias[6:])], -1),
+               shape=(4, 5)) == ops(lambda x: x @ weight.T + bias, shape=(4, 5)) == ["mm", "add"]
+
+
+def _block_maximum_channels_last(y, block):
+    n, c, d, h, w = y.shape
+    y = y[:, :, :d // block * block, :h // block * block, :w // block * block]
+    y = y.reshape(n, c, d // block, block, h // block, block, w // block, block)
+    return y.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(-3).amax(-1)  # (n, d', h', w', c)
+
+
+def test_a_block_maximum_held_channels_last_is_a_pooling():
+    tally = torch.ones(4, 1)  # the sixth adversary's L2 78: the channels summed by a product at once
+    assert ops(lambda x: (_block_maximum_channels_last(torch.tanh(x), 3) @ tally).permute(0, 4, 1, 2, 3),
+               shape=(2, 4, 7, 7, 7)) == ops(lambda x: F.max_pool3d(torch.tanh(x), 3).sum(1, keepdim=True),
+                                            shape=(2, 4, 7, 7, 7))
+
+
+def test_a_convolution_of_sliding_windows_into_channels_last_is_a_convolution():
+    torch.manual_seed(0)
+    kernel = torch.randn(3, 3, 3, 2, 5)  # (taps, taps, taps, in, out), the sixth adversary's L2 6
+
+    def patches(x):
+        return torch.einsum("ncdhwxyz,xyzco->ndhwo", x.unfold(2, 3, 1).unfold(3, 3, 1).unfold(4, 3, 1), kernel)
+    assert ops(lambda x: torch.tanh(patches(x)), shape=(2, 2, 8, 8, 8)) == \
+        ops(lambda x: torch.tanh(F.conv3d(x, kernel.permute(4, 3, 0, 1, 2))), shape=(2, 2, 8, 8, 8)) == \
+        ["convolution3d", "tanh"]
+
+
+def test_a_softmax_over_several_dimensions_with_a_gain_folded_into_its_normaliser_is_a_softmax_and_a_scale():
+    gain = torch.rand(8) + 0.5
+    def written(x):  # the sixth adversary's L2 38, shifted by a constant instead of the maximum
+        e = torch.exp(torch.tanh(x) - 1.0)
+        return e * (gain.view(1, -1, 1, 1) / e.sum((2, 3), keepdim=True))
+    library = lambda x: torch.softmax(torch.tanh(x).flatten(2), 2).view(x.shape) * gain.view(1, -1, 1, 1)  # noqa: E731
+    assert torch.allclose(written(X_IMAGE), library(X_IMAGE), atol=1e-6)
+    assert ops(written) == ops(library) == ["tanh", "softmax", "mul"]
+    # a normaliser that varies with the sample is no gain
+    assert ops(lambda x: torch.softmax(x, 1) * x.sum(1, keepdim=True).abs())[-2:] == ["softmax", "mul"]
+    assert "softmax" not in ops(lambda x: torch.exp(x) / (torch.exp(x).sum(1, keepdim=True) + 1.0))
