@@ -183,13 +183,15 @@ class _Equivalences(_Unspelled, _Recognisers):
         _join_split_convolutions([node for node in nodes if node in names], reads, names)
         _join_grouped_halves([node for node in nodes if node in names], reads, names)
         _join_split_products([node for node in nodes if node in names], reads, names)
-        _factor_shared_products([node for node in nodes if node in names], reads, names, set(self._makers(outputs)))
+        ordered_sums: set = set()  # sums made by factoring a difference: their terms keep their order
+        _factor_shared_products([node for node in nodes if node in names], reads, names, set(self._makers(outputs)),
+                                ordered_sums)
         affine = {node for node in nodes if node in names and self._affine_in_one(node, reads[node])}
         chained = _chain_affine_maps([node for node in nodes if node in names], reads, names, affine)
         _fold_into_products([node for node in nodes if node in names], reads, names, affine)
         ordered = [node for node in _in_canonical_order(nodes, reads, names,
-                                                        [self._resolve(node) for node in self._makers(outputs)])
-                   if node in names]
+                                                        [self._resolve(node) for node in self._makers(outputs)],
+                                                        ordered_sums) if node in names]
         return canonical_order(spelled(ordered, names.get, reads.get,
                                        lambda node, name: self._chained_arithmetic(node, name, affine, reads, chained),
                                        self._pooled_source, self._free_weights, _branch_starts(ordered, reads, names)))
@@ -474,7 +476,7 @@ def _renamed(named: tuple | None, name: tuple) -> bool:
     return named == name or bool(named) and len(named) == len(name) == 1 and \
         named[0] in NORM_NAMES and name[0] in NORM_NAMES
 
-def _in_canonical_order(nodes: list, reads: dict, names: dict, outputs: list) -> list:
+def _in_canonical_order(nodes: list, reads: dict, names: dict, outputs: list, ordered_sums: set) -> list:
     """`nodes` (in the order they ran) in an order that what they compute decides alone: each
     after what it reads, each branch whole before the next, and the branches a node reads
     ordered by what they compute, nearest first (`_branch_keys`). Independent branches run in
@@ -491,8 +493,23 @@ def _in_canonical_order(nodes: list, reads: dict, names: dict, outputs: list) ->
             elif node in keys and node not in seen:
                 seen.add(node)
                 stack.append((node, True))
-                stack.extend((read, False) for read in sorted(reads[node], key=lambda r: keys.get(r, ()), reverse=True))
+                commutes = _commutes(node, names) and node not in ordered_sums
+                ordered = sorted(reads[node], key=lambda r: keys.get(r, ())) if commutes else reads[node]
+                stack.extend((read, False) for read in reversed(ordered))
     return order
+
+
+COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum", "fmax", "fmin"})
+
+
+def _commutes(node, names: dict) -> bool:
+    """Whether the values `node` reads may be taken in any order: a sum, a product, a maximum
+    of two. Not a difference, a quotient, a product of matrices, a `where` or a `cat`: their
+    order of arguments is what they compute (a red team's `sigmoid(x) - tanh(x)` and `tanh(x)
+    - sigmoid(x)` read alike). A maximum or minimum of two recognised in its written forms
+    commutes as the op does."""
+    own = set(names.get(node) or ())
+    return own <= COMMUTATIVE and (_name(node) in COMMUTATIVE or bool(own) and own <= {"maximum", "minimum"})
 
 
 def _branch_starts(ordered: list, reads: dict, names: dict) -> frozenset:
@@ -731,7 +748,7 @@ def _sliced_from(a, b):
         isinstance(sources[0].value, torch.Tensor) else None
 
 
-def _factor_shared_products(nodes: list, reads: dict, names: dict, outputs: set) -> None:
+def _factor_shared_products(nodes: list, reads: dict, names: dict, outputs: set, ordered_sums: set) -> None:
     """A sum of two products that share a factor is the factor times the sum (`names` edited
     in place): `x * y - y * y` reads `add mul`, as `(x - y) * y` does (an adversary distributed
     KernelBench L2 28's product over its residual sum: `mul mul add` against `add mul`). Only
@@ -750,6 +767,8 @@ def _factor_shared_products(nodes: list, reads: dict, names: dict, outputs: set)
             # the sum at the first product, the product at `node`, as `(x - y) * y` is spelled
             others = [second if first is shared else first for first, second in factors]
             names[products[0]], reads[products[0]] = ["add"], others
+            if not _commutes(node, names):  # x y - y y is (x - y) y: its terms in their order
+                ordered_sums.add(products[0])
             names[products[1]] = []
             names[node], reads[node] = ["mul"], [products[0], shared]
 

@@ -575,7 +575,11 @@ def canonical_order(items: list[Spelled]) -> list[str]:
             if later_first and _commute(a, b):
                 items[i], items[i + 1] = dataclasses.replace(b, linked=a.linked), dataclasses.replace(a, linked=True)
                 changed = True
-    return [item.name for item in items]
+    names = [item.name for item in items]
+    # a branch's first name carries the mark: two tasks alike in their branches share no cheap
+    # token for each (a red team's four-branch sums scored 0.9 with one of four functions apart)
+    return [BRANCH + name if marked else name for name, marked in zip(names, [False] + [n == BRANCH for n in names])
+            if name != BRANCH]
 
 
 def _negation(item: Spelled) -> bool:

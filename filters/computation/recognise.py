@@ -585,10 +585,9 @@ class _Recognisers:
         same_size = not POOL_ENDS.isdisjoint(name) or any(map(is_convolution, name))
         # either may hold its channels last, (batch, *positions, channels): adversaries' block
         # maxima of permuted views, one read by a product before any permute back
-        sources = (lambda value: [image(value)]) if flat else _layouts
         candidates = [(t, node, x) for node in window if node.value.dim() == op.value.dim()
-                      and node.value.is_floating_point() for x in sources(node.value)
-                      for t in ([target] if flat else _layouts(target))
+                      and node.value.is_floating_point()
+                      for x, t in ([(image(node.value), target)] if flat else _pooled_layouts(node.value, target))
                       if x.shape[:2] == t.shape[:2] and (same_size or x.shape[2:] != t.shape[2:])]
         for target, node, x in candidates:
             for kind, kernel, stride, padding, dilation in _pool_settings(x.shape[2:], target.shape[2:]):
@@ -900,7 +899,7 @@ class _Recognisers:
                                      for n in window if n.value.dim() == rank and n.value.shape[0] == t.shape[0]):
             w = weight.value.float()
             biases = [None] + [n.value.float() for n in self._depends_on(op, 1) if n.value.shape == (target.shape[1],)]
-            for x in _layouts(node.value.float()):
+            for x in (node.value.float(),):
                 if x.shape[1] % w.shape[1]:
                     continue
                 groups = x.shape[1] // w.shape[1]
@@ -1057,18 +1056,26 @@ def _softmax_tests(target: torch.Tensor) -> list:
     return tests
 
 
+SOFTMAX_SPREAD = 1e-2  # how far a gained softmax's values are apart, against its largest, at least
+
+
 def _softmax(source: torch.Tensor, dims: tuple) -> torch.Tensor:
     shifted = (source - source.amax(dims, keepdim=True)).exp()
     return shifted / shifted.sum(dims, keepdim=True)
 
 
 def _constant_sums(target: torch.Tensor, dims: tuple) -> torch.Tensor | None:
-    """The sums of `target` along `dims` where they are positive and the same in every sample
-    (a constant of the other dimensions), else None."""
-    if 0 in dims:
+    """The sums of `target` along `dims` where they are positive and the same in every one of
+    two samples at least (a constant of the other dimensions), and the values vary along
+    `dims`, else None. Any positive value is a softmax times its own sums: at a batch of one
+    every exp read `softmax mul` (a red team's), and so did a value within `close`'s
+    tolerance of a constant (1 + 0.001 tanh(x))."""
+    if 0 in dims or target.shape[0] < 2:
         return None
     sums = target.sum(dims, keepdim=True)
-    first = sums[:1]
+    first, fibre = sums[:1], _fibre(target, dims)
+    if float(fibre.max() - fibre.min()) < SOFTMAX_SPREAD * float(fibre.max()):
+        return None
     return first if float(first.min()) > 0 and close(sums, first.expand_as(sums)) else None
 
 
@@ -1324,9 +1331,25 @@ def _without_ones(shape) -> tuple:
 
 
 def _layouts(value: torch.Tensor) -> list[torch.Tensor]:
-    """A (batch, channels, *positions) value as it is, and a (batch, *positions, channels) one
-    read as the first is (its channels moved to the second dimension)."""
-    return [value] + ([value.movedim(-1, 1)] if value.dim() >= 3 and value.shape[-1] != value.shape[1] else [])
+    """What a layer of a (batch, channels, *positions) value made: as it is, and, where it has
+    two or three positions, held (batch, *positions, channels) (its channels moved back to the
+    second dimension). One position is not: a (batch, channels, length) value's channels are
+    not told from its length, and a maximum of channel pairs (maxout) read as a pooling."""
+    return [value] + ([value.movedim(-1, 1)] if value.dim() >= 4 and value.shape[-1] != value.shape[1] else [])
+
+
+def _pooled_layouts(source: torch.Tensor, target: torch.Tensor) -> list[tuple]:
+    """(source, target) pairs a pooling of `source` into `target` is tried in: both as they
+    are; the target held channels last, its channels the source's; and both held so, for
+    three positions (a block maximum of an adversary's channels-last volume). Two of
+    four dimensions held so are any two: a maximum over channels and rows read as one over
+    rows and columns."""
+    pairs = [(source, target)]
+    if target.dim() >= 4 and target.shape[-1] == source.shape[1] != target.shape[1]:
+        pairs.append((source, target.movedim(-1, 1)))
+    if target.dim() == 5 and source.shape[-1] == target.shape[-1] != source.shape[1]:
+        pairs.append((source.movedim(-1, 1), target.movedim(-1, 1)))
+    return pairs
 
 
 def _one_channel_fits(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, stride: int, padding: int,
