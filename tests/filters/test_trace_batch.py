@@ -103,8 +103,10 @@ def test_a_task_that_steers_torch_for_later_tasks_is_seen(pool, attack):
 
 # A task whose model takes seconds to build (four times the limit the test sets, or more): a
 # network too large to trace in a trace's time, as some of KernelBench L3 are on 2 cores.
-SLOW = VICTIM.replace("super().__init__()", "super().__init__()\n        w = torch.rand(512, 512)\n"
-                                            "        for _ in range(150):\n            w = torch.tanh(w @ w)")
+# slow on any machine: 150 products of 512 x 512 took under the 0.5 s limit on a faster CPU
+SLOW = VICTIM.replace("super().__init__()", "super().__init__()\n        w, began = torch.rand(512, 512), time.monotonic()\n"
+                                            "        while time.monotonic() - began < 5:\n            w = torch.tanh(w @ w)"
+                      ).replace("import torch\n", "import time\nimport torch\n", 1)
 
 
 def test_a_task_that_runs_out_of_its_time_costs_its_batch_no_trace(pool):
