@@ -26,8 +26,12 @@ class _Unspelled:
 
     def unspelled(self, outputs: list) -> list:
         """The named ops the outputs depend on that the sequence does not spell as themselves
-        (see op_graph_and_drops), in the order they ran."""
-        spelled = self._live(outputs)
+        (see op_graph_and_drops), in the order they ran. What the sequence spells is what
+        reaches the outputs and varies: read through a value made constant (outputs the same
+        whatever the inputs: a relu that zeroes a layer at the small problem), the op that made
+        it is left out (KernelBench L2 9 read `mm mul add` so once the subtraction inside its
+        affine map counted as spelled)."""
+        spelled = {node for node in self._live(outputs) if node.variable}
         reaching, frontier = set(), list(self._makers(outputs))
         while frontier:
             node = frontier.pop()
