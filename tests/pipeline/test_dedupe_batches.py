@@ -37,8 +37,10 @@ def test_a_task_that_runs_out_of_its_time_in_a_batch_is_untraced_and_costs_the_o
     """A task still tracing at a trace's limit (KernelBench L3 networks on 2 cores) is
     untraced, as it would be alone, and not cached; the tasks after it are batched again, not
     traced one per child as when its batch ran out of time and failed."""
-    slow = make_task("return torch.relu(x) * 5.0",  # seconds to build on 2 cores; allowed by the static policy
-                     init="w = torch.rand(512, 512)\nfor _ in range(150):\n    w = torch.tanh(w @ w)")
+    # over a second to build on 2 cores (150 products took 0.25 s on a faster CPU), well under a
+    # trace's 20 s alone; allowed by the static policy (which refuses a clock)
+    slow = make_task("return torch.relu(x) * 5.0",
+                     init="w = torch.rand(512, 512)\nfor _ in range(800):\n    w = torch.tanh(w @ w)")
     codes = distinct_tasks(6)
     codes.insert(2, slow)
     with caplog.at_level(logging.INFO, logger="pipeline.dedupe"):
