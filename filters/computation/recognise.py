@@ -893,30 +893,30 @@ class _Recognisers:
     def _convolution(self, op, window, weights):
         """A convolution of 1 to 3 spatial dimensions of an earlier value by a weight, whatever
         computes it (unfold, sliding windows of `Tensor.unfold` and a product, shifted products)."""
-        rank = op.value.dim()
+        rank, vectors = op.value.dim(), [n.value.float() for n in self._depends_on(op, 1)]
         for target, weight, node in ((t, w, n) for t in _layouts(op.value.float()) for w in weights
                                      if w.value.dim() == rank and w.value.shape[0] == t.shape[1]
                                      for n in window if n.value.dim() == rank and n.value.shape[0] == t.shape[0]):
             w = weight.value.float()
-            biases = [None] + [n.value.float() for n in self._depends_on(op, 1) if n.value.shape == (target.shape[1],)]
-            for x in (node.value.float(),):
-                if x.shape[1] % w.shape[1]:
-                    continue
-                groups = x.shape[1] // w.shape[1]
-                if w.shape[0] % groups:
-                    continue  # no grouped convolution of these (a red team's 6 of 8 channels raised here)
-                for stride, padding, dilation in _conv_settings(x, w, target):
-                    self._tested()
-                    if groups == 1 and not _one_channel_fits(x, w, target, stride, padding, dilation):
-                        continue  # one output channel, up to its bias, rules most settings out
-                    for bias in biases:
-                        got = _convolved(x[:1], w, bias, stride, padding, dilation, groups)
-                        # then every sample: a task can convolve the first alone
-                        if close(got, target[:1], 1e-3) and close(_convolved(x, w, bias, stride, padding, dilation,
-                                                                             groups), target, 1e-3):
-                            name = convolution_names(x, w, target, stride, padding, dilation, groups, bias is not None,
-                                                     transposed=False)
-                            return tuple(name), [node]
+            biases = [None] + [vector for vector in vectors if vector.shape == (target.shape[1],)]
+            x = node.value.float()
+            if x.shape[1] % w.shape[1]:
+                continue
+            groups = x.shape[1] // w.shape[1]
+            if w.shape[0] % groups:
+                continue  # no grouped convolution of these (a red team's 6 of 8 channels raised here)
+            for stride, padding, dilation in _conv_settings(x, w, target):
+                self._tested()
+                if groups == 1 and not _one_channel_fits(x, w, target, stride, padding, dilation):
+                    continue  # one output channel, up to its bias, rules most settings out
+                for bias in biases:
+                    got = _convolved(x[:1], w, bias, stride, padding, dilation, groups)
+                    # then every sample: a task can convolve the first alone
+                    if close(got, target[:1], 1e-3) and close(_convolved(x, w, bias, stride, padding, dilation,
+                                                                         groups), target, 1e-3):
+                        name = convolution_names(x, w, target, stride, padding, dilation, groups, bias is not None,
+                                                 transposed=False)
+                        return tuple(name), [node]
         return None
 
 
@@ -1046,9 +1046,10 @@ def _softmax_tests(target: torch.Tensor) -> list:
         return []
     tests, ndim = [], target.dim()
     for dims in [(d,) for d in range(ndim)] + [tuple(range(first, ndim)) for first in range(1, ndim - 1)]:
-        if all(target.shape[d] < 2 for d in dims) or float(_fibre(target, dims).sum()) <= 0:
+        total = float(_fibre(target, dims).sum())
+        if all(target.shape[d] < 2 for d in dims) or total <= 0:
             continue
-        if abs(float(_fibre(target, dims).sum()) - 1) < 1e-4 and _normalised(target, dims, 0, "softmax"):
+        if abs(total - 1) < 1e-4 and _normalised(target, dims, 0, "softmax"):
             tests.append((("softmax",), lambda source, dims=dims: close(_softmax(source, dims), target)))
         elif ndim >= 2 and (gain := _constant_sums(target, dims)) is not None:
             tests.append((("softmax", "mul"), lambda source, dims=dims, gain=gain: close(_softmax(source, dims) * gain,
