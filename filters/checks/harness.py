@@ -21,7 +21,7 @@ from filters.checks.measure.execution import (GpuGate, Reject, as_reject, build_
                                       timed)
 from filters.sandbox.gpu_memory import GpuMemoryBusy
 from filters.computation.memory import _storage
-from filters.computation.graph import MAX_OP_GRAPH, op_graph, op_graph_and_drops
+from filters.computation.graph import MAX_OP_GRAPH, Kernels, op_graph, op_graph_and_drops
 from filters.checks.measure.resize import small_problem
 
 _reset_dynamo = torch._dynamo.reset
@@ -267,25 +267,25 @@ def _built(code: str, device: str, seed: int = 0) -> tuple[torch.nn.Module, list
     return model, first_inputs(task, seed, torch.device(device))
 
 
-def _window_kernel(tensor: torch.Tensor, kernels: frozenset) -> bool:
-    return tensor.dim() >= 3 and any(n > 1 for n in tensor.shape[2:]) and _storage(tensor) in kernels
-
-
 @torch.no_grad()
-def _generic_weights(model: torch.nn.Module, kernels: frozenset = frozenset()) -> None:
+def _generic_weights(model: torch.nn.Module, kernels: Kernels = Kernels()) -> None:
     """Weights and inputs a value comparison cannot be fooled by: a norm's weight of ones, a
     bias of zeros, a batch norm's running statistics (0 and 1) make ops that are there look
     like identities; inputs of torch.rand (all positive) make a relu look like one. Every
     constant weight or buffer is given a spread (variances kept positive); op_graph compares
     values on signed inputs wherever the task runs the same ops on them as on its own."""
+    buffers = {_storage(buffer) for buffer in model.buffers()}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if not tensor.is_floating_point() or tensor.numel() < 2:
             continue
+        storage = _storage(tensor)
+        kept = storage in kernels.windows or (storage in kernels.operands and storage in buffers)
         if name.endswith("running_var"):
             tensor.uniform_(0.5, 1.5)
-        elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and not _window_kernel(tensor, kernels)):
-            # a constant kernel with a window (a convolution's by 1 / k^2) makes nothing look
-            # like an identity: it is a pooling, and is read as one. A (1, C, 1, 1) scale of
-            # ones has no window, and a (1, C, H, W) gain no convolution takes as its kernel
-            # (`kernels`, op_graph_and_drops): spread, or its multiplication read as nothing
+        elif name.endswith("running_mean") or (float(tensor.std()) < 1e-6 and not kept):
+            # a constant kernel with a window (a convolution's by 1 / k^2) or a buffer a matrix
+            # product takes makes nothing look like an identity: a pooling, a sum, read as
+            # such. A (1, C, 1, 1) scale of ones has no window, and a (1, C, H, W) gain no
+            # convolution or product takes (`kernels`, op_graph_and_drops): spread, or its
+            # multiplication read as nothing
             tensor.add_(torch.randn_like(tensor) * 0.2)

@@ -29,6 +29,8 @@ Shapes and constant values are abstracted: the result is a sequence of op names.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.utils._pytree
 
@@ -132,19 +134,41 @@ class _Reading:
         self.unspelled_names = [name for op in unspelled for name in canonical(op)]
 
 
-def _kernels(recorder: "_Recorder") -> frozenset:
-    """The storages of the leaves (weights, buffers) that a convolution of the inputs takes as
-    its kernel, through any ops of constants (`w / k ** 2`, a repeat, a cat): a uniform one is a
-    pooling (a depthwise convolution by 1 / k^2) and keeps its value in the generic reading, where
-    a uniform gain or bias no convolution takes is given a spread, or its op reads as nothing (a
-    (1, C, H, W) gain of ones kept its value as a kernel would). A kernel something else reads
-    too is still a kernel: spread, a pooling written as a constant-kernel convolution read as a
-    convolution (a red team's second reader, `* w.sum().sign()`, did that)."""
-    kernels = set()
+def _kernels(recorder: "_Recorder") -> "Kernels":
+    """The storages of the leaves (weights, buffers) whose value is part of what the task
+    computes even where it is uniform, through any ops of constants (`w / k ** 2`, a repeat, a
+    cat, a transpose): a convolution's kernel with a window (a uniform one is a pooling, a
+    depthwise convolution by 1 / k^2) and a matrix product's operand (a uniform one is a sum:
+    an adversary summed channels as `y @ ones(C, 1)` of a buffer, and spread, the buffer read
+    as a layer). These keep their value in the generic reading, where a uniform gain or bias is
+    given a spread, or its op reads as nothing (a (1, C, H, W) gain of ones kept its value as a
+    kernel would). A kernel something else reads too is still a kernel: spread, a pooling
+    written as a constant-kernel convolution read as a convolution (a red team's second reader,
+    `* w.sum().sign()`, did that)."""
+    windows, operands = set(), set()
     for op in recorder.ops:
-        if op.variable and _name(op) == "convolution" and len(op.args) > 1 and isinstance(op.args[1], _Op):
-            kernels |= _constant_leaves(op.args[1])
-    return frozenset(kernels)
+        if not op.variable:
+            continue
+        name = _name(op)
+        if name == "convolution" and len(op.args) > 1 and isinstance(op.args[1], _Op) \
+                and any(n > 1 for n in op.args[1].value.shape[2:]):
+            windows |= _constant_leaves(op.args[1])
+        elif name in _PRODUCT_OPERANDS:
+            operands.update(*(_constant_leaves(arg) for arg in op.args[_PRODUCT_OPERANDS[name]]
+                              if isinstance(arg, _Op)))
+    return Kernels(frozenset(windows), frozenset(operands))
+
+
+class Kernels(NamedTuple):
+    """`_kernels`: a convolution's with a window, a matrix product's operands. A parameter
+    is a layer's weight, which training moves off any uniform value: only a buffer or a
+    constant keeps its value as a product's operand (a Linear's weight of ones is a layer)."""
+    windows: frozenset = frozenset()
+    operands: frozenset = frozenset()
+
+
+_PRODUCT_OPERANDS = {"mm": slice(0, 2), "bmm": slice(0, 2), "addmm": slice(1, 3), "baddbmm": slice(1, 3),
+                     "addbmm": slice(1, 3), "mv": slice(0, 2), "addmv": slice(1, 3), "dot": slice(0, 2)}
 
 
 def _aliases_hold(model: torch.nn.Module, inputs: list, values: "_Equivalences", outputs: list) -> bool:

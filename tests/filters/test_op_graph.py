@@ -21,6 +21,7 @@ from filters.computation.values import ELEMENT_TOLERANCE, _apart, _apart_values,
 from filters.grammar import static_check
 from filters.similarity.score import encode, sequence_similarity
 from tests.disguise import EQUIVALENTS, NotApplicable
+from tests.conftest import make_task
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "level2"
 
@@ -2298,3 +2299,47 @@ def test_the_red_teams_readings_of_the_new_rules_stay_apart():
     # a branch's mark is on its first name: four branches, one function apart, stay under 0.9
     four = [ops(lambda x: torch.tanh(x) + f(x) + torch.relu(x) + torch.exp(x)) for f in (torch.sigmoid, torch.sin)]
     assert sequence_similarity(encode(four[0]), encode(four[1])) < 0.9
+
+
+# -- session 40: a uniform product, a gained softmax's inside, a bound the values do not reach --
+
+def test_a_product_by_a_buffer_of_ones_reads_as_a_sum_at_any_weights():
+    """The sixth adversary's L2 78 summed channels as `y @ ones(C, 1)` of a registered buffer:
+    its own values read `sum`, and the generic reading spread the buffer into a layer, `mm`."""
+    forward = "return torch.tanh(x) @ self.tally"
+    tally = make_task(forward, init="self.register_buffer('tally', torch.ones(features, 1))")
+    summed = make_task("return torch.tanh(x).sum(1, keepdim=True)")
+    assert trace(tally, untrusted=False) == trace(summed, untrusted=False) == trace(tally) == "tanh sum"
+    # a buffer of other values is a layer, and a Linear's weight of ones a parameter spread
+    weighted = make_task(forward, init="self.register_buffer('tally', torch.arange(features * 1.0).view(-1, 1))")
+    ones = make_task("return self.linear(torch.tanh(x))",
+                     init="self.linear = nn.Linear(features, 1, bias=False)\nnn.init.ones_(self.linear.weight)")
+    assert trace(weighted) == trace(ones) == "tanh mm"
+
+
+def test_a_softmax_with_a_scale_of_ones_reads_the_same_on_its_own_and_on_generic_weights():
+    """KernelBench L2 38's softmax times a scale parameter of ones: its own values left the mul
+    out, the generic ones the softmax (inside `softmax mul`); neither reading stood at any size
+    but its own, whose values outgrew an H100's memory (no reading in the shipped table)."""
+    task = make_task("return torch.softmax(torch.tanh(x).view(x.shape[0], 8, -1), 2).view(x.shape) * self.scale",
+                     init="self.scale = nn.Parameter(torch.ones(1, 8, 1, 1))",
+                     inputs="[torch.rand(batch_size, 8, 16, 16)]")
+    assert trace(task, untrusted=False) == trace(task) == "tanh softmax mul"
+
+
+@pytest.mark.parametrize("bound", ["torch.clamp(y, 0.0, 1.0)", "F.hardtanh(y, 0.0, 1.0)", "torch.clamp(y, max=1.0)",
+                                   "F.relu6(y * 6.0) / 6.0"])
+def test_a_top_bound_the_task_states_reads_as_a_clamp_whether_or_not_its_weights_reach_it(bound):
+    """KernelBench L2 38's clamp(0, 1) read `relu` at the small problem, where its values stay
+    under 1, and an adversary's copy, its weights drawn 2.5 times larger, `clamp`."""
+    torch.manual_seed(0)
+    linear = nn.Linear(8, 8)
+    def written(x, scale):
+        y = torch.relu(linear(x) * scale) if "max=" in bound else linear(x) * scale
+        return torch.sigmoid(eval(bound, {"torch": torch, "F": F, "y": y}))
+    # the values stay under the top at the first two scales, and meet it at the third
+    readings = [unmarked(ops(lambda x: written(x, scale), linear, shape=(16, 8))) for scale in (0.02, 0.2, 2.0)]
+    assert readings[0] == readings[1] == readings[2] == ["mm", "mul", "add", "clamp", "sigmoid"], readings
+    # a top no value of the task comes near is no bound: clamp(y, 0, 1e30) is a relu
+    far = ops(lambda x: torch.sigmoid(torch.clamp(linear(x), 0.0, 1e30)), linear, shape=(16, 8))
+    assert far == ops(lambda x: torch.sigmoid(torch.relu(linear(x))), linear, shape=(16, 8)) == ["mm", "add", "relu", "sigmoid"]
