@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.utils._pytree
 
 from filters.computation.names import (LAYOUT_ONLY, BOUNDING, RESHAPES, named_by_values, _merged_branches, _name, canonical,
                                       convolution_names,
@@ -411,16 +412,18 @@ class _Equivalences(_Unspelled, _Recognisers):
         if not found:  # a run of linear ops of one value that one convolution is (its reshape too)
             found = self._linear_map(op)
             same = None if found else same
+        if same is not None and not layout and (top := self._top_of_a_relu(op, same)):
+            found, same = top, None
         if same is not None:
             self.alias[op] = same
             return
         found = found or self._composite(op, window) or self._composite_of_inside(op, window)
         affine = None if found else self._affine(op, window)
         found = found or affine or self._quadratic(op, window) or self._contraction(op, window)
-        if found and found[0] == ("relu",) and any(map(_binds_at_its_scale, {op} | self._between(op, found[1][0]))):
-            # a bound the task writes is part of what it computes where these values do not
-            # reach it (BOUNDING): KernelBench L2 38's clamp(0, 1) read `relu` at the small
-            # problem, and an adversary's copy, its weights drawn 2.5 times larger, `clamp`
+        if found and found[0] == ("relu",) and _saturates(op, found[1][0], self._between(op, found[1][0])):
+            # a bound is part of what the map computes where these values do not reach it:
+            # KernelBench L2 38's clamp(0, 1) read `relu` at the small problem, and an
+            # adversary's copy, its weights drawn 2.5 times larger, `clamp`
             found = ("clamp",), found[1]
         if found:
             self.named[op], self.reads[op] = found
@@ -431,6 +434,16 @@ class _Equivalences(_Unspelled, _Recognisers):
                 self.absorbed |= inside
             if affine:
                 self.folded |= inside
+
+    def _top_of_a_relu(self, op, same):
+        """(("clamp",), [u]) where `op` equals a relu of u on these values (`same`) and the map
+        from u to `op` has a top (`_saturates`): `where(y > 1, 1, relu(y))` and `1 - relu(1 -
+        relu(y))` are clamp(y, 0, 1) wherever y passes 1; else None."""
+        same = self._resolve(same)
+        if self.named.get(same) != ("relu",) or len(self.reads.get(same, ())) != 1:
+            return None
+        source = self.reads[same][0]
+        return (("clamp",), [source]) if _saturates(op, source, self._between(op, source)) else None
 
     def _composite_of_inside(self, op, window):
         """A composite of a value inside an earlier recognised run, when nothing outside is
@@ -490,33 +503,53 @@ AFFINE = ("mul", "add")
 POWERS = frozenset({"pow", "square", "reciprocal"})  # named `mul`, and no scale
 
 
-TOP_REACH = 1e3  # how far above the values a stated top bound may lie and still be a clamp's
+TOP_REACH = 1e3  # how far above its values a map read as a relu is asked whether it has a top
 
 
-def _binds_at_its_scale(op) -> bool:
-    """Whether a bounding op's arguments bound its values from above by a top within TOP_REACH
-    of its source's largest value: a clamp whether or not these values reach it (a weight's
-    scale at initialisation decides that), where clamp(x, 0, 1e30) is a relu."""
-    name, args = _name(op), op.args
-    if not args or not _is_float(getattr(args[0], "value", None)):
+@torch.no_grad()
+def _saturates(op, source, between: set) -> bool:
+    """Whether the map from `source` to `op`, read as a relu on these values, has a top within
+    TOP_REACH of them: its ops run again on the source's values widened TOP_REACH times (after a
+    replay of the values as they are gives `op`'s own). A clamp, a hardtanh, a relu6, `where(y >
+    1, 1, relu(y))` or `1 - relu(1 - relu(y))` is a clamp whether or not a weight's scale at
+    initialisation takes its values to the top; `y - clamp(y, max=0)` has none, and a top of 1e30
+    is none."""
+    steps = sorted(between | {op}, key=lambda node: node.index)
+    if len(steps) > REPLAYED_STEPS or not _is_float(source.value):
         return False
-    if name == "relu6":
-        top = 6.0
-    elif name == "hardtanh":
-        top = args[2] if len(args) > 2 else 1.0
-    elif name == "clamp":
-        top = args[2] if len(args) > 2 else None
-    elif name in ("clamp_max", "minimum", "fmin", "min") and len(args) > 1:
-        top = args[1]
-    else:
+    try:
+        if not close(_replayed(steps, source, source.value), op.value):
+            return False
+        widened = source.value.float() * TOP_REACH
+        top = _replayed(steps, source, widened)
+    except Exception:  # an op a replay cannot call as recorded (keyword arguments, a view written through)
         return False
-    if isinstance(top, _Op) and top.variable:  # a minimum of two values: no bound the task states
-        return False
-    top = top.value if isinstance(top, _Op) else top
-    top = float(top.max()) if isinstance(top, torch.Tensor) and top.numel() else top
-    if not isinstance(top, (int, float)) or not math.isfinite(top):
-        return False
-    return top <= TOP_REACH * max(float(args[0].value.abs().max()), 1e-30)
+    return top.shape == widened.shape and not close(top, widened.relu()) and close(top, widened.clamp(0, top.max()))
+
+
+REPLAYED_STEPS = 16
+
+
+def _replayed(steps: list, source, value: torch.Tensor) -> torch.Tensor:
+    """The last of `steps` (recorded ops in the order they ran) computed again with `source`'s
+    value replaced by `value`: each step's target called on its recorded arguments, those made
+    by an earlier step replaced by what it made again."""
+    made = {source: value}
+
+    def again(arg):
+        if not isinstance(arg, _Op):
+            return arg
+        if arg in made:
+            return made[arg]
+        if arg.variable or not isinstance(arg.value, torch.Tensor):
+            raise ValueError("a step reads a value of the inputs no step made again")
+        return arg.value.clone()  # a constant: weights, or what is made of them
+    for step in steps:
+        if not callable(step.target):
+            raise ValueError("a step no op made")
+        result = step.target(*torch.utils._pytree.tree_map(again, list(step.args)))
+        made[step] = result[0] if isinstance(result, (tuple, list)) else result
+    return made[steps[-1]]
 
 
 def _sum_by_a_uniform_product(op, named: tuple | None) -> bool:

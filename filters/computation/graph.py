@@ -114,7 +114,7 @@ class _Reading:
     def __init__(self, model: torch.nn.Module, inputs: list):
         recorder, outputs = _recorded(model, inputs)
         self.targets = [op.target for op in recorder.ops]
-        self.kernels = _kernels(recorder)
+        self.kernels = _kernels(recorder, outputs)
         self.python_data = recorder.python_data
         self.symbolic = not outputs or any(t.device.type == "meta" for t in outputs)
         self.constant = False
@@ -134,7 +134,7 @@ class _Reading:
         self.unspelled_names = [name for op in unspelled for name in canonical(op)]
 
 
-def _kernels(recorder: "_Recorder") -> "Kernels":
+def _kernels(recorder: "_Recorder", outputs: list) -> "Kernels":
     """The storages of the leaves (weights, buffers) whose value is part of what the task
     computes even where it is uniform, through any ops of constants (`w / k ** 2`, a repeat, a
     cat, a transpose): a convolution's kernel with a window (a uniform one is a pooling, a
@@ -144,8 +144,12 @@ def _kernels(recorder: "_Recorder") -> "Kernels":
     given a spread, or its op reads as nothing (a (1, C, H, W) gain of ones kept its value as a
     kernel would). A kernel something else reads too is still a kernel: spread, a pooling
     written as a constant-kernel convolution read as a convolution (a red team's second reader,
-    `* w.sum().sign()`, did that)."""
-    windows, operands = set(), set()
+    `* w.sum().sign()`, did that). A product's operand keeps its value only where the product
+    reaches the outputs and nothing else of the inputs reads it: a red team's products thrown
+    away (`_ = p @ self.mu`) had kept a norm's mean, variance, weight and bias buffers of 0 and 1,
+    and its arithmetic read as nothing."""
+    windows, operands, read_otherwise = set(), set(), set()
+    reaching = _reaching(recorder, outputs)
     for op in recorder.ops:
         if not op.variable:
             continue
@@ -153,10 +157,22 @@ def _kernels(recorder: "_Recorder") -> "Kernels":
         if name == "convolution" and len(op.args) > 1 and isinstance(op.args[1], _Op) \
                 and any(n > 1 for n in op.args[1].value.shape[2:]):
             windows |= _constant_leaves(op.args[1])
-        elif name in _PRODUCT_OPERANDS:
-            operands.update(*(_constant_leaves(arg) for arg in op.args[_PRODUCT_OPERANDS[name]]
-                              if isinstance(arg, _Op)))
-    return Kernels(frozenset(windows), frozenset(operands))
+        taken = op.args[_PRODUCT_OPERANDS[name]] if name in _PRODUCT_OPERANDS and op in reaching else ()
+        for arg in torch.utils._pytree.tree_leaves(list(op.args)):
+            if isinstance(arg, _Op) and not arg.variable:
+                (operands if any(arg is a for a in taken) else read_otherwise).update(_constant_leaves(arg))
+    return Kernels(frozenset(windows), frozenset(operands - read_otherwise))
+
+
+def _reaching(recorder: "_Recorder", outputs: list) -> set:
+    """The recorded ops the outputs are made from."""
+    reaching, frontier = set(), [recorder.made_by[id(t)] for t in outputs if id(t) in recorder.made_by]
+    while frontier:
+        node = frontier.pop()
+        if node not in reaching:
+            reaching.add(node)
+            frontier.extend(node.inputs)
+    return reaching
 
 
 class Kernels(NamedTuple):
