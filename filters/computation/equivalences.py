@@ -533,8 +533,9 @@ REPLAYED_STEPS = 16
 def _replayed(steps: list, source, value: torch.Tensor) -> torch.Tensor:
     """The last of `steps` (recorded ops in the order they ran) computed again with `source`'s
     value replaced by `value`: each step's target called on its recorded arguments, those made
-    by an earlier step replaced by what it made again."""
-    made = {source: value}
+    by an earlier step replaced by what it made again. Every tensor it hands a step is a copy:
+    an in-place step (`relu_`) had written the recorded value of its source."""
+    made = {source: value.clone()}
 
     def again(arg):
         if not isinstance(arg, _Op):

@@ -2364,3 +2364,14 @@ def test_a_buffer_a_product_throws_away_is_spread_like_any_other():
     norm = "return torch.relu((x - self.mu) / torch.sqrt(self.var + 1e-5) * self.g + self.b)"
     dead = "p = x.mean(0)\n_ = p @ self.mu, p @ self.var, p @ self.g, p @ self.b\n"
     assert trace(make_task(dead + norm, init=init)) == trace(make_task(norm, init=init)) == "mul add relu"
+
+
+def test_asking_a_map_for_a_top_leaves_the_recorded_values_as_they_were():
+    """The replay that asks a relu for a top (`_saturates`) ran an in-place relu on its
+    source's recorded value: AlexNet's `nn.ReLU(inplace=True)` then a pooling read the pooling
+    from the convolution, and the relu went unspelled."""
+    torch.manual_seed(0)
+    conv, relu = nn.Conv2d(3, 8, 3), nn.ReLU(inplace=True)
+    assert ops(lambda x: F.max_pool2d(relu(conv(x)), 2), conv, shape=(4, 3, 10, 10)) == \
+        ops(lambda x: F.max_pool2d(torch.relu(conv(x)), 2), conv, shape=(4, 3, 10, 10)) == \
+        ["convolution2d", "max_pool2d", "relu"]
