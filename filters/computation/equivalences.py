@@ -420,7 +420,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         found = found or self._composite(op, window) or self._composite_of_inside(op, window)
         affine = None if found else self._affine(op, window)
         found = found or affine or self._quadratic(op, window) or self._contraction(op, window)
-        if found and found[0] == ("relu",) and _saturates(op, found[1][0], self._between(op, found[1][0])):
+        if found and found[0] == ("relu",) and self._saturates(op, found[1][0]):
             # a bound is part of what the map computes where these values do not reach it:
             # KernelBench L2 38's clamp(0, 1) read `relu` at the small problem, and an
             # adversary's copy, its weights drawn 2.5 times larger, `clamp`
@@ -436,14 +436,82 @@ class _Equivalences(_Unspelled, _Recognisers):
                 self.folded |= inside
 
     def _top_of_a_relu(self, op, same):
-        """(("clamp",), [u]) where `op` equals a relu of u on these values (`same`) and the map
-        from u to `op` has a top (`_saturates`): `where(y > 1, 1, relu(y))` and `1 - relu(1 -
-        relu(y))` are clamp(y, 0, 1) wherever y passes 1; else None."""
+        """What `op` is where it equals a relu or a clamp of u on these values (`same`), asked
+        by `_saturates`: (("clamp",), [u]) where the map from u to `op` has a top (`where(y > 1, 1,
+        relu(y))` and `1 - relu(1 - relu(y))` are clamp(y, 0, 1) wherever y passes 1), (("relu",),
+        [u]) where the clamp it equals has none any longer (`clamp(y, 0, 1) + relu(y - 1)`, the
+        second term zero on these values: a red team's); else None (an alias of `same`)."""
         same = self._resolve(same)
-        if self.named.get(same) != ("relu",) or len(self.reads.get(same, ())) != 1:
+        named = self.named.get(same)
+        if named not in (("relu",), ("clamp",)) or len(self.reads.get(same, ())) != 1:
             return None
         source = self.reads[same][0]
-        return (("clamp",), [source]) if _saturates(op, source, self._between(op, source)) else None
+        top = self._saturates(op, source)
+        if top is None or (named == ("clamp",)) == top:
+            return None
+        return (("clamp",) if top else ("relu",)), [source]
+
+    @torch.no_grad()
+    def _saturates(self, op, source) -> bool | None:
+        """Whether the map from `source` to `op`, read as a relu on these values, has a top
+        within TOP_REACH of them: its ops run again on the source's values widened TOP_REACH
+        times (after a replay of the values as they are gives `op`'s own). A clamp, a hardtanh,
+        a relu6, `where(y > 1, 1, relu(y))` or `relu(y) - relu(y - 1)` is a clamp whether or not a
+        weight's scale at initialisation takes its values to the top; `y - clamp(y, max=0)` has
+        none, nor has `clamp(y, 0, 50) + relu(y - 50)`, whose second term these values make
+        constant (a red team's: the replay runs such ops again too), nor a top of 1e30. None
+        where the replay cannot tell: it does not give `op`'s value, or reads neither."""
+        steps = self._replay_steps(op, source)
+        if not steps or len(steps) > REPLAYED_STEPS or not _is_float(source.value):
+            return None
+        try:
+            if not close(self._replayed(steps, source, source.value), op.value):
+                return None
+            widened = source.value.float() * TOP_REACH
+            top = self._replayed(steps, source, widened)
+        except Exception:  # an op a replay cannot call as recorded (a view written through)
+            return None
+        if top.shape != widened.shape:
+            return None
+        if close(top, widened.relu()):
+            return False
+        return True if close(top, widened.clamp(0, top.max())) else None
+
+    def _replay_steps(self, op, source) -> list:
+        """The recorded ops from `source` to `op` in the order they ran, those whose values
+        these inputs made constant (`made_constant`) included."""
+        steps, frontier = set(), [op]
+        while frontier:
+            node = frontier.pop()
+            if node is source or node in steps or node.target is None or node.index < source.index \
+                    or not (node.variable or node in self.made_constant):
+                continue
+            steps.add(node)
+            frontier.extend(node.inputs)
+        return sorted(steps, key=lambda node: node.index)
+
+    def _replayed(self, steps: list, source, value: torch.Tensor) -> torch.Tensor:
+        """The last of `steps` computed again with `source`'s value replaced by `value`: each
+        step's target called on its recorded arguments, those made by an earlier step replaced
+        by what it made again. Every tensor it hands a step is a copy: an in-place step
+        (`relu_`) had written the recorded value of its source."""
+        made = {source: value.clone()}
+
+        def again(arg):
+            if not isinstance(arg, _Op):
+                return arg
+            if arg in made:
+                return made[arg]
+            if arg.variable or arg in self.made_constant or not isinstance(arg.value, torch.Tensor):
+                raise ValueError("a step reads a value of the inputs no step made again")
+            return arg.value.clone()  # a constant: weights, or what is made of them
+        for step in steps:
+            if not callable(step.target):
+                raise ValueError("a step no op made")
+            result = step.target(*torch.utils._pytree.tree_map(again, list(step.args)),
+                                 **torch.utils._pytree.tree_map(again, step.kwargs))
+            made[step] = result[0] if isinstance(result, (tuple, list)) else result
+        return made[steps[-1]]
 
     def _composite_of_inside(self, op, window):
         """A composite of a value inside an earlier recognised run, when nothing outside is
@@ -506,51 +574,7 @@ POWERS = frozenset({"pow", "square", "reciprocal"})  # named `mul`, and no scale
 TOP_REACH = 1e3  # how far above its values a map read as a relu is asked whether it has a top
 
 
-@torch.no_grad()
-def _saturates(op, source, between: set) -> bool:
-    """Whether the map from `source` to `op`, read as a relu on these values, has a top within
-    TOP_REACH of them: its ops run again on the source's values widened TOP_REACH times (after a
-    replay of the values as they are gives `op`'s own). A clamp, a hardtanh, a relu6, `where(y >
-    1, 1, relu(y))` or `1 - relu(1 - relu(y))` is a clamp whether or not a weight's scale at
-    initialisation takes its values to the top; `y - clamp(y, max=0)` has none, and a top of 1e30
-    is none."""
-    steps = sorted(between | {op}, key=lambda node: node.index)
-    if len(steps) > REPLAYED_STEPS or not _is_float(source.value):
-        return False
-    try:
-        if not close(_replayed(steps, source, source.value), op.value):
-            return False
-        widened = source.value.float() * TOP_REACH
-        top = _replayed(steps, source, widened)
-    except Exception:  # an op a replay cannot call as recorded (keyword arguments, a view written through)
-        return False
-    return top.shape == widened.shape and not close(top, widened.relu()) and close(top, widened.clamp(0, top.max()))
-
-
-REPLAYED_STEPS = 16
-
-
-def _replayed(steps: list, source, value: torch.Tensor) -> torch.Tensor:
-    """The last of `steps` (recorded ops in the order they ran) computed again with `source`'s
-    value replaced by `value`: each step's target called on its recorded arguments, those made
-    by an earlier step replaced by what it made again. Every tensor it hands a step is a copy:
-    an in-place step (`relu_`) had written the recorded value of its source."""
-    made = {source: value.clone()}
-
-    def again(arg):
-        if not isinstance(arg, _Op):
-            return arg
-        if arg in made:
-            return made[arg]
-        if arg.variable or not isinstance(arg.value, torch.Tensor):
-            raise ValueError("a step reads a value of the inputs no step made again")
-        return arg.value.clone()  # a constant: weights, or what is made of them
-    for step in steps:
-        if not callable(step.target):
-            raise ValueError("a step no op made")
-        result = step.target(*torch.utils._pytree.tree_map(again, list(step.args)))
-        made[step] = result[0] if isinstance(result, (tuple, list)) else result
-    return made[steps[-1]]
+REPLAYED_STEPS = 64  # the most recorded ops `_saturates` runs again
 
 
 def _sum_by_a_uniform_product(op, named: tuple | None) -> bool:

@@ -40,6 +40,7 @@ class _Op:
     variable: bool = False  # depends on the model's inputs (else a constant: weights and what is made of them)
     index: int = -1  # its place in the order ops ran (-1: a leaf)
     leaves: list = field(default_factory=list)  # the leaves it reads
+    kwargs: dict = field(default_factory=dict)  # its keyword arguments, each tensor replaced as in args
 
 
 def argument_values(args) -> list:
@@ -116,9 +117,11 @@ class _Recorder(TorchDispatchMode):
         inputs = [made[id(t)] for t in read]
         returned = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         _strided(returned)
-        op = _Op(func, torch.utils._pytree.tree_map(lambda a: made[id(a)] if isinstance(a, torch.Tensor) else a, args),
+        as_nodes = lambda a: made[id(a)] if isinstance(a, torch.Tensor) else a  # noqa: E731
+        op = _Op(func, torch.utils._pytree.tree_map(as_nodes, args),
                  [node for node in inputs if node.target is not None], returned[0] if returned else None,
-                 any(node.variable for node in inputs), len(self.ops), [node for node in inputs if node.target is None])
+                 any(node.variable for node in inputs), len(self.ops), [node for node in inputs if node.target is None],
+                 torch.utils._pytree.tree_map(as_nodes, kwargs))
         self.ops.append(op)
         for tensor in written:
             self.writes.setdefault(_storage(tensor), _Writes()).add(op, _View.of(tensor))

@@ -2329,11 +2329,15 @@ def test_a_softmax_with_a_scale_of_ones_reads_the_same_on_its_own_and_on_generic
 
 @pytest.mark.parametrize("bound", ["torch.clamp(y, 0.0, 1.0)", "F.hardtanh(y, 0.0, 1.0)", "torch.relu(y).clamp(max=1.0)",
                                    "F.relu6(y * 6.0) / 6.0", "torch.where(torch.relu(y) > 1.0, 1.0, torch.relu(y))",
-                                   "1.0 - torch.relu(1.0 - torch.relu(y))"])
+                                   "1.0 - torch.relu(1.0 - torch.relu(y))", "torch.relu(y) - torch.relu(y - 1.0)",
+                                   "torch.relu(y) * (y < 1.0) + (y >= 1.0).float()",
+                                   "torch.add(torch.relu(y), torch.relu(y - 1.0), alpha=-1.0)"])
 def test_a_map_with_a_top_reads_as_a_clamp_whether_or_not_its_weights_reach_it(bound):
     """KernelBench L2 38's clamp(0, 1) read `relu` at the small problem, where its values stay
     under 1, and an adversary's copy, its weights drawn 2.5 times larger, `clamp`. A bound
-    stated by no clamp (a `where`, two relus: the red team's) is asked the same."""
+    stated by no clamp (a `where`, two relus: the red team's) is asked the same, and so is one
+    whose bound is a term these values make zero (`relu(y - 1)`: a second red team's), or a
+    keyword argument (`alpha`), which the replay had dropped."""
     torch.manual_seed(0)
     linear = nn.Linear(8, 8)
 
@@ -2354,6 +2358,18 @@ def test_a_relu_written_with_a_bound_that_is_no_top_stays_a_relu(relu):
     linear = nn.Linear(8, 8)
     assert ops(lambda x: torch.sigmoid(relu(linear(x))), linear, shape=(16, 8)) == \
         ops(lambda x: torch.sigmoid(torch.relu(linear(x))), linear, shape=(16, 8)) == ["mm", "add", "relu", "sigmoid"]
+
+
+def test_a_relu_written_as_a_clamp_and_the_rest_above_its_top_stays_a_relu():
+    """A second red team's: `clamp(y, 0, 1) + relu(y - 1)` is relu(y) everywhere, and where the
+    values stay under 1 the second term is zero on them: the replay that asks for a top had
+    taken it as that constant, and the map read `clamp`."""
+    torch.manual_seed(0)
+    linear = nn.Linear(8, 8)
+    def written(y):
+        return torch.sigmoid(torch.clamp(y, 0.0, 1.0) + torch.relu(y - 1.0))
+    for scale in (0.02, 2.0):
+        assert ops(lambda x: written(linear(x) * scale), linear, shape=(16, 8)) == ["mm", "mul", "add", "relu", "sigmoid"]
 
 
 def test_a_buffer_a_product_throws_away_is_spread_like_any_other():
