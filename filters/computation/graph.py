@@ -149,7 +149,7 @@ def _kernels(recorder: "_Recorder", outputs: list) -> "Kernels":
     away (`_ = p @ self.mu`) had kept a norm's mean, variance, weight and bias buffers of 0 and 1,
     and its arithmetic read as nothing."""
     windows, operands, read_otherwise = set(), set(), set()
-    reaching = _reaching(recorder, outputs)
+    reaching = set(recorder.reaching(outputs))
     for op in recorder.ops:
         if not op.variable:
             continue
@@ -162,17 +162,6 @@ def _kernels(recorder: "_Recorder", outputs: list) -> "Kernels":
             if isinstance(arg, _Op) and not arg.variable:
                 (operands if any(arg is a for a in taken) else read_otherwise).update(_constant_leaves(arg))
     return Kernels(frozenset(windows), frozenset(operands - read_otherwise))
-
-
-def _reaching(recorder: "_Recorder", outputs: list) -> set:
-    """The recorded ops the outputs are made from."""
-    reaching, frontier = set(), [recorder.made_by[id(t)] for t in outputs if id(t) in recorder.made_by]
-    while frontier:
-        node = frontier.pop()
-        if node not in reaching:
-            reaching.add(node)
-            frontier.extend(node.inputs)
-    return reaching
 
 
 class Kernels(NamedTuple):
