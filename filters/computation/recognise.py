@@ -860,9 +860,13 @@ class _Recognisers:
                 w = weight.value.float()
                 # a stack of slabs is one matrix of their rows: partial products of a value's
                 # feature blocks summed (an adversary's `bmm(chunks, slabs).sum(0)` of a Linear)
-                # (blocks taken in order, or strided: `x[:, i::4]`)
-                stacked = (w.reshape(-1, w.shape[-1]), w.transpose(0, 1).reshape(-1, w.shape[-1])) if w.dim() == 3 \
-                    else (w.reshape(-1, w.shape[-1]),) if w.dim() > 3 else ()
+                # (blocks taken in order, or strided: `x[:, i::4]`). Made only where `a` has as
+                # many columns (or one fewer: homogeneous): the strided one is a copy, and a 16 x
+                # 512 x 8,192 weight's, made for each earlier value, took 135 s of a reading
+                rows = math.prod(w.shape[:-1])
+                stacked = () if w.dim() < 3 or a.shape[-1] not in (rows, rows - 1) else \
+                    (w.reshape(-1, w.shape[-1]), w.transpose(0, 1).reshape(-1, w.shape[-1])) if w.dim() == 3 \
+                    else (w.reshape(-1, w.shape[-1]),)
                 for b in (w, w.mT, *stacked):
                     for product, bias in _affine_products(a, b, biases, homogeneous):
                         found = self._is_product(a, product, bias, target)
