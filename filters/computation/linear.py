@@ -180,7 +180,8 @@ def solve_convolution(source: torch.Tensor, value: torch.Tensor, tested) -> Conv
             tried += 1
             if tried > SETTINGS_TRIED:
                 return None
-            found = _solved(source if up is None else _stuffed(source, up), image, setting, tested)
+            found = _solved(source, image, setting, tested) if up is None else \
+                _solved(_stuffed(source, up), image, setting, tested, phases=up.stride)
             if found is not None:
                 return found
     return None
@@ -260,19 +261,23 @@ def _settings(size: tuple, layout: torch.Tensor) -> list:
     return square + [setting for setting in own if setting not in square]
 
 
-def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested) -> Convolution | None:
+def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested,
+            phases: tuple | None = None) -> Convolution | None:
     """The weight and bias of `setting`'s convolution of `source` into `image`, solved on some
-    output positions and checked on others, or None where no such convolution is `image`."""
+    output positions and checked on others, or None where no such convolution is `image`.
+    `phases`: an upsampling's stride, where `source` is stuffed with zeros between its values."""
     batch, out = image.shape[:2]
     unknowns = source.shape[1] * math.prod(setting.kernel) + 1
+    if unknowns > UNKNOWNS:
+        return None  # a solve past a trace's time
     rows = batch * math.prod(image.shape[2:])
-    solving = 2 * unknowns + SPARE_ROWS
-    if rows < solving + SPARE_ROWS or unknowns > UNKNOWNS:
-        return None  # no more equations than a fit of anything needs, or a solve past a trace's time
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(rows))
+    drawn = _drawn(order, image.shape, source.shape[1], setting.kernel, phases or (1,) * len(setting.kernel))
+    if drawn is None:
+        return None  # no more equations than a fit of anything needs
     tested()
     windows = _windows(source, setting)  # (batch, channels, *positions, *kernel): a view of the padded source
-    order = torch.randperm(rows, generator=torch.Generator().manual_seed(rows))
-    solved_on, checked_on = order[:solving], order[solving:solving + CHECKED_ROWS]
+    solved_on, checked_on = drawn
     a, b = _rows(windows, image, solved_on)
     solution = torch.linalg.lstsq(a, b).solution  # (unknowns, out)
     if not torch.isfinite(solution).all():
@@ -290,6 +295,31 @@ def _solved(source: torch.Tensor, image: torch.Tensor, setting: Setting, tested)
         return None
     kept = float(bias.abs().max()) > ZERO_TAP * max(float(b.abs().max()), 1e-30)
     return Convolution(weight, bias if kept else None, setting, image, source)
+
+
+def _drawn(order: torch.Tensor, shape: torch.Size, channels: int, kernel: tuple, phases: tuple) -> tuple | None:
+    """(the rows to solve on, the rows to check on) of `order` (every output row, shuffled), or
+    None where there are too few. A zero-stuffed source's windows hold its values at the taps
+    their phase (positions modulo the stride) puts them, so each phase's rows solve only that
+    phase's taps: each phase gets twice as many rows as the taps it reads, and SPARE_ROWS
+    more. Rows drawn from all phases at once left the busiest one short of its taps (KernelBench
+    L2 26's ConvTranspose3d written as its 8 phases, 32 channels: 256 taps, ~220 rows)."""
+    reads = channels * math.prod(-(-size // stride) for size, stride in zip(kernel, phases)) + 1
+    needed = 2 * reads + SPARE_ROWS
+    positions = torch.unravel_index(order, (shape[0], *shape[2:]))[1:]
+    phase = torch.zeros_like(order)
+    for position, stride in zip(positions, phases):
+        phase = phase * stride + position % stride
+    solving = []
+    for each in range(math.prod(phases)):
+        rows = order[phase == each]
+        if len(rows) < needed + SPARE_ROWS:
+            return None
+        solving.append(rows[:needed])
+    solved_on = torch.cat(solving)
+    unsolved = torch.ones(len(order), dtype=torch.bool)
+    unsolved[solved_on] = False
+    return solved_on, order[unsolved[order]][:CHECKED_ROWS]
 
 
 def _windows(source: torch.Tensor, setting: Setting) -> torch.Tensor:

@@ -456,6 +456,10 @@ def test_a_product_of_a_value_and_a_function_of_it_reads_alike_however_grouped()
     gate = lambda x: torch.clamp(x + 3.0, 0.0, 6.0) / 6.0  # noqa: E731
     assert ops(lambda x: x * F.hardswish(x)) == ops(lambda x: x * x * gate(x)) == ops(lambda x: x * (x * gate(x))) \
         == ["hardswish", "mul"]
+    # the sixth adversary's (session 41): the square a factor, the gate's scale outside the product
+    assert ops(lambda x: x.square() * F.relu6(x + 3.0) / 6.0) == ["hardswish", "mul"]
+    assert "hardswish" not in ops(lambda x: (x + 1.0).square() * F.relu6(x + 3.0) / 6.0)
+    assert "hardswish" not in ops(lambda x: x.square() * F.relu6(x + 3.0) / 5.0)
 
 
 def test_a_scaled_function_of_a_value_never_made_alone_reads_as_the_function_and_its_scale():
@@ -643,6 +647,32 @@ def test_a_transposed_convolution_written_out_reads_as_one(layer, written):
     assert torch.allclose(written(x), layer(x), atol=1e-5)
     assert ops(lambda x: torch.tanh(written(x)), layer, shape=X_STRIDED) == \
         ops(lambda x: torch.tanh(layer(x)), layer, shape=X_STRIDED) == ["convolution_transpose2d", "tanh"]
+
+
+UP_3D = nn.ConvTranspose3d(16, 4, 3, stride=2, padding=1, output_padding=1)
+X_UP_3D = (2, 16, 6, 6, 6)
+
+
+def _phases_woven(x):  # each of the stride's 2 x 2 x 2 output phases its own small convolution, woven by a reshape
+    n = x.shape[2]
+    padded = F.pad(x, (0, 1, 0, 1, 0, 1))
+    # along one dimension: an even output reads tap 1 at x[m]; an odd one taps 2 and 0 at x[m], x[m + 1]
+    taps = {0: ([1], slice(0, n)), 1: ([2, 0], slice(0, n + 1))}
+    weight = UP_3D.weight.transpose(0, 1)
+    phase = lambda a, b, c: F.conv3d(padded[:, :, taps[a][1], taps[b][1], taps[c][1]],  # noqa: E731
+                                     weight[:, :, taps[a][0]][:, :, :, taps[b][0]][:, :, :, :, taps[c][0]])
+    woven = torch.stack([torch.stack([torch.stack([phase(a, b, c) for c in (0, 1)], -1) for b in (0, 1)], -3)
+                         for a in (0, 1)], -5)  # (batch, out, depth, a, height, b, width, c)
+    return woven.reshape(*x.shape[:1], -1, 2 * n, 2 * n, 2 * n) + UP_3D.bias.view(1, -1, 1, 1, 1)
+
+
+def test_a_transposed_convolution_as_its_phases_reads_as_one_whatever_its_busiest_phase_reads():
+    # the sixth adversary's L2 26 (session 41): its ConvTranspose3d as 8 phase convolutions;
+    # the odd phase reads 8 of 27 taps, and rows drawn from every phase at once were too few for them
+    x = torch.randn(*X_UP_3D)
+    assert torch.allclose(_phases_woven(x), UP_3D(x), atol=1e-5)
+    assert ops(lambda x: torch.tanh(_phases_woven(x)), UP_3D, shape=X_UP_3D) == \
+        ops(lambda x: torch.tanh(UP_3D(x)), UP_3D, shape=X_UP_3D) == ["convolution_transpose3d", "tanh"]
 
 
 def test_phases_with_a_bias_of_their_own_are_no_transposed_convolution():
