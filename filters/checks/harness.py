@@ -5,6 +5,7 @@ worker; `trace` records what a task computes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import math
 import os
@@ -21,7 +22,7 @@ from filters.checks.measure.execution import (GpuGate, Reject, as_reject, build_
                                       timed)
 from filters.sandbox.gpu_memory import GpuMemoryBusy
 from filters.computation.memory import _storage
-from filters.computation.graph import MAX_OP_GRAPH, Kernels, op_graph, op_graph_and_drops
+from filters.computation.graph import MAX_OP_GRAPH, Kernels, _Reading, op_graph_and_drops
 from filters.checks.measure.resize import small_problem
 
 _reset_dynamo = torch._dynamo.reset
@@ -181,17 +182,27 @@ def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, 
     graph = None
     try:
         ladder = [*small_problem(code), code]
-        smaller = dict.fromkeys(ladder[1:] if in_full else ladder[:-1] if small_only else ladder)
+        pending = list(dict.fromkeys(ladder[1:] if in_full else ladder[:-1] if small_only else ladder))
     except Exception:  # code that does not parse: nothing to trace
         return Reading(None)
-    for small in smaller:
+    tried = set()
+    while pending:
+        small = pending.pop(0)
+        tried.add(small)
         try:
             graph, unspelled = _traced_and_drops(small, checks if small == code else ChecksDevice(seed=checks.seed),
                                                  untrusted)
         except Exception:  # sizes the model cannot take, an op without a kernel, memory, ReadingsDisagree, ...
             continue
-        if small == code or (not ((untrusted or in_full) and unspelled) and _same_ops_at_its_sizes(code, small)):
-            return Reading(graph, partial=small != code and bool(unspelled))
+        if small == code:
+            return Reading(graph)
+        if (untrusted or in_full) and unspelled:
+            continue
+        sizes = _at_its_sizes(code, small)
+        if sizes == SAME_OPS:
+            return Reading(graph, partial=bool(unspelled))
+        if sizes == COLLAPSED and (parts := small_problem(code, every_divisor=True)[0]) not in tried | set(pending):
+            pending.insert(0, parts)
     if untrusted or in_full:
         # no reading on real tensors stands: on meta its values would go unread, and a round
         # trip around a KernelBench layer (`x * 4 * 0.25`) or a GEMM written as a broadcast
@@ -202,26 +213,40 @@ def read(code: str, untrusted: bool = True, checks: ChecksDevice | None = None, 
     if static_check(code) is not None:  # a reference task, or one `dedupe` was given, the policy refuses
         return Reading(graph)
     try:
-        return Reading(_traced_on_meta(code))
+        return Reading(_on_meta(code)[0])
     except Exception:  # data-dependent code has no value to decide by on meta
         return Reading(None)
 
 
-def _same_ops_at_its_sizes(code: str, small: str) -> bool:
-    """Whether the task runs the same ops at the sizes of its trace as at its own, on the
-    meta device (no memory, no arithmetic). The policy lets forward branch on a shape, and a
-    red team's task ran a KernelBench layer at a batch over 4 and decoy ops at 4: the trace
-    read the decoy. Code the meta device cannot run (a data-dependent op such as
-    masked_select) is not taken as the same: with one, the red team's branch hid the
-    KernelBench layer again."""
+SAME_OPS, COLLAPSED, OTHER_OPS = "same ops", "collapsed", "other ops"
+
+
+def _at_its_sizes(code: str, small: str) -> str:
+    """How the task runs at the sizes of its trace against its own, on the meta device (no
+    memory, no arithmetic): the same ops (SAME_OPS); the same ops, but some op made a
+    dimension of one (or none) that is larger at its own sizes (COLLAPSED: an adversary's 16
+    clusters of a width shrunk to 16 were clusters of one, and their norm a constant); or
+    not (OTHER_OPS). The policy lets forward branch on a shape, and a red team's task ran a
+    KernelBench layer at a batch over 4 and decoy ops at 4: the trace read the decoy. Code
+    the meta device cannot run (a data-dependent op such as masked_select) is not taken as
+    the same: with one, the red team's branch hid the KernelBench layer again."""
     try:
-        return _traced_on_meta(small) == _traced_on_meta(code)
+        (small_ops, small_shapes), (own_ops, own_shapes) = _on_meta(small), _on_meta(code)
     except Exception:
-        return False
+        return OTHER_OPS
+    if small_ops != own_ops:
+        return OTHER_OPS
+    collapsed = len(small_shapes) == len(own_shapes) and any(
+        a is not None and b is not None and len(a) == len(b) and any(m <= 1 < n for m, n in zip(a, b))
+        for a, b in zip(small_shapes, own_shapes))
+    return COLLAPSED if collapsed else SAME_OPS
 
 
-def _traced_on_meta(code: str) -> str:
-    return " ".join(op_graph(*_built(code, "meta")))[:MAX_OP_GRAPH]
+@functools.lru_cache(maxsize=4)  # a task's own sizes are asked once per rung read
+def _on_meta(code: str) -> tuple[str, list]:
+    """(the op sequence on the meta device, the shape of what each recorded op made)."""
+    reading = _Reading(*_built(code, "meta"))
+    return " ".join(reading.sequence)[:MAX_OP_GRAPH], reading.shapes
 
 
 def _traced_and_drops(code: str, checks: ChecksDevice | None = None, untrusted: bool = True) -> tuple[str, list[str]]:

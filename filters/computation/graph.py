@@ -108,12 +108,13 @@ def op_graph_and_drops(model: torch.nn.Module, inputs: list, generic: list | Non
 
 
 class _Reading:
-    """One recorded forward call read from its values: its sequence, the ops that ran, and
-    the positions and names of the named ops it leaves unspelled."""
+    """One recorded forward call read from its values: its sequence, the ops that ran (and the
+    shape of what each made), and the positions and names of the named ops it leaves unspelled."""
 
     def __init__(self, model: torch.nn.Module, inputs: list):
         recorder, outputs = _recorded(model, inputs)
         self.targets = [op.target for op in recorder.ops]
+        self.shapes = [tuple(op.value.shape) if isinstance(op.value, torch.Tensor) else None for op in recorder.ops]
         self.kernels = _kernels(recorder, outputs)
         self.python_data = recorder.python_data
         self.symbolic = not outputs or any(t.device.type == "meta" for t in outputs)

@@ -478,6 +478,36 @@ def test_a_trace_whose_values_drop_nothing_stays_at_the_small_problem():
     assert op_graph_and_drops(model, inputs) == (["sigmoid"], ["relu"])
 
 
+# A width cut into parts by a constant of any name: at the small problem's widths of 16, the
+# sixth adversary's 16 clusters of KernelBench L2 30's GEMM and GroupNorm (session 41) were
+# clusters of one, their norm a constant, and the copy read `add` against `mm add group_norm
+# mul add clamp`. A problem that makes a dimension of one the task's own sizes do not is read
+# again where each part keeps 8, whatever the constant is called.
+CLUSTERED = ("h = torch.einsum('ni,gpi->ngp', x, self.proj) + self.bias\n"
+             "c = h - h.mean(dim=2, keepdim=True)\n"
+             "h = c * torch.rsqrt(c.pow(2).mean(dim=2, keepdim=True) + 1e-5)\n"
+             "return h.clamp(-2.0, 2.0).flatten(1)")
+
+
+@pytest.mark.parametrize("parts", ["clusters", "num_groups"])
+def test_a_small_problem_that_cuts_a_width_into_parts_of_one_is_read_again_where_each_keeps_eight(parts):
+    task = make_task(CLUSTERED, init=f"self.proj = nn.Parameter(torch.randn({parts}, features // {parts}, features))\n"
+                     f"self.bias = nn.Parameter(torch.zeros({parts}, features // {parts}))",
+                     constants=f"batch_size = 64\nfeatures = 1024\n{parts} = 16")
+    small, _ = small_problem(task)
+    kept = small_problem(task, every_divisor=True)[0]
+    assert ("features = 16\n" in small) == (parts == "clusters") and "features = 128\n" in kept
+    assert harness._at_its_sizes(task, small) == (harness.COLLAPSED if parts == "clusters" else harness.SAME_OPS)
+    assert harness._at_its_sizes(task, kept) == harness.SAME_OPS
+    assert harness.read(task, untrusted=False) == harness.Reading("mm add group_norm clamp", partial=True)
+
+
+def test_a_dimension_of_one_at_every_size_is_no_collapse():
+    # a mean over a last dimension of one, as written at the task's own sizes too
+    task = make_task("return torch.tanh(x.view(x.shape[0], -1, 1).mean(2))")
+    assert harness._at_its_sizes(task, small_problem(task)[0]) == harness.SAME_OPS
+
+
 # Layers whose reading leaves ops out at every size, the layer's own: F.instance_norm is a
 # batch norm of a reshaped view, reshaped back (both read as the instance norm; the view back
 # spells it), and F.lp_pool's `sign(y) * relu(|y|)` is y. On the H200, 33 of 49 accepted

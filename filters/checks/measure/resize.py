@@ -215,7 +215,7 @@ SMALL_BATCH = 4  # the batch size of a trace on real tensors
 SHRINK_FROM, SMALL_EXTENT = 64, 16
 
 
-def small_problem(code: str) -> tuple[str, str]:
+def small_problem(code: str, every_divisor: bool = False) -> tuple[str, str]:
     """(the small problem, the small batch): `code` at a batch of SMALL_BATCH at most with its
     large constants shrunk (SHRINK_FROM), and at that batch alone, from one reading of its
     constants: where a task's trace reads it (harness.read) and the template composer's checks
@@ -224,11 +224,16 @@ def small_problem(code: str) -> tuple[str, str]:
     and the worker stops one at 20 s), and a power of two keeps what the constants' ratios and divisors were. A task
     whose model cannot be built so is traced at its widths, at the small batch: real
     tensors cost memory and time, and a batch of a few samples still has parts for a task
-    that splits it (one sample would leave an empty half, which some ops refuse)."""
+    that splits it (one sample would leave an empty half, which some ops refuse).
+
+    A width keeps 8 to a part of each constant named a group or a head that divides it, or,
+    `every_divisor`, of each small constant that divides it, whatever its name (a task read
+    where the small problem made a dimension of one: harness.read)."""
     constants = int_constants(code)
     batch = RESIZE_CONSTANT if constants.get(RESIZE_CONSTANT, 0) > 0 else _first_input_size(code)
     small_batch = {batch: SMALL_BATCH} if (constants.get(batch) or 0) > SMALL_BATCH else {}
-    splits = {name: value for name, value in constants.items() if re.search("group|head", name, re.IGNORECASE)}
+    splits = {name: value for name, value in constants.items() if re.search("group|head", name, re.IGNORECASE)
+              or every_divisor and name != batch and 1 < value < SHRINK_FROM}
     shrunk = {}
     for name, value in constants.items():
         # a width split in groups or heads (a constant so named that divides it) keeps 8 to a
