@@ -42,7 +42,7 @@ class _Unspelled:
         hidden = [op for op in self.ops if op in reaching and op not in spelled
                   and (op.variable or op in self.made_constant) and canonical(op)]
         structural = self._identities() | self._renamed_composites(hidden, spelled) | \
-            self._inside_arithmetic_maps(hidden, spelled) if hidden else set()
+            self._inside_named_maps(hidden, spelled) if hidden else set()
         left_out = set(hidden) - structural
         # a kernel's zero taps and an image's zero or repeated slices are facts about values, and
         # these sizes' may not be the task's (a red team's 3x3 kernel, zero but for its centre at
@@ -83,9 +83,9 @@ class _Unspelled:
                 renamed.add(op)
         return renamed
 
-    def _inside_arithmetic_maps(self, hidden: list, spelled: set) -> set:
-        """Ops inside a map the sequence names that spells them. Arithmetic inside a map named
-        by arithmetic (an affine map, a polynomial): `x * a + b` is `mul add` at its add, its
+    def _inside_named_maps(self, hidden: list, spelled: set) -> set:
+        """Ops inside a map the sequence names that spells them, by two rules. Arithmetic inside
+        a map named by arithmetic (an affine map, a polynomial): `x * a + b` is `mul add` at its add, its
         mul inside. Where a is 1 the same map is the add alone, and the mul is nothing: two
         readings of one task (its own weights, generic ones) had each left out an op the other
         spelled (an adversary's GroupNorm affine of 2 and 0). And an op of the map's source
@@ -461,7 +461,8 @@ class _Equivalences(_Unspelled, _Recognisers):
         none, nor has `clamp(y, 0, 50) + relu(y - 50)`, whose second term these values make
         constant (a red team's: the replay runs such ops again too), nor a top of 1e30. None
         where the replay cannot tell: it does not give `op`'s value, or reads neither."""
-        steps = self._replay_steps(op, source)
+        # the ops from `source` to `op` in the order they ran, those these inputs made constant too
+        steps = sorted(self._between(op, source, made_constant=True) | {op}, key=lambda node: node.index)
         if not steps or len(steps) > REPLAYED_STEPS or not _is_float(source.value):
             return None
         try:
@@ -476,19 +477,6 @@ class _Equivalences(_Unspelled, _Recognisers):
         if close(top, widened.relu()):
             return False
         return True if close(top, widened.clamp(0, top.max())) else None
-
-    def _replay_steps(self, op, source) -> list:
-        """The recorded ops from `source` to `op` in the order they ran, those whose values
-        these inputs made constant (`made_constant`) included."""
-        steps, frontier = set(), [op]
-        while frontier:
-            node = frontier.pop()
-            if node is source or node in steps or node.target is None or node.index < source.index \
-                    or not (node.variable or node in self.made_constant):
-                continue
-            steps.add(node)
-            frontier.extend(node.inputs)
-        return sorted(steps, key=lambda node: node.index)
 
     def _replayed(self, steps: list, source, value: torch.Tensor) -> torch.Tensor:
         """The last of `steps` computed again with `source`'s value replaced by `value`: each

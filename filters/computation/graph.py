@@ -151,17 +151,24 @@ def _kernels(recorder: "_Recorder", outputs: list) -> "Kernels":
     and its arithmetic read as nothing."""
     windows, operands, read_otherwise = set(), set(), set()
     reaching = set(recorder.reaching(outputs))
+    leaves_of: dict = {}  # a constant many ops read (a mask, a scale) is walked once
+
+    def leaves(constant: _Op) -> set:
+        if constant not in leaves_of:
+            leaves_of[constant] = _constant_leaves(constant)
+        return leaves_of[constant]
+
     for op in recorder.ops:
         if not op.variable:
             continue
         name = _name(op)
         if name == "convolution" and len(op.args) > 1 and isinstance(op.args[1], _Op) \
                 and any(n > 1 for n in op.args[1].value.shape[2:]):
-            windows |= _constant_leaves(op.args[1])
+            windows |= leaves(op.args[1])
         taken = op.args[_PRODUCT_OPERANDS[name]] if name in _PRODUCT_OPERANDS and op in reaching else ()
         for arg in torch.utils._pytree.tree_leaves(list(op.args)):
             if isinstance(arg, _Op) and not arg.variable:
-                (operands if any(arg is a for a in taken) else read_otherwise).update(_constant_leaves(arg))
+                (operands if any(arg is a for a in taken) else read_otherwise).update(leaves(arg))
     return Kernels(frozenset(windows), frozenset(operands - read_otherwise))
 
 

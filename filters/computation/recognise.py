@@ -676,13 +676,14 @@ class _Recognisers:
         inside = between | {op}
         return between if all(self.users.get(node, set()) <= inside for node in between) else None
 
-    def _between(self, op, source) -> set:
-        """The variable ops `op` reached `source` through."""
+    def _between(self, op, source, made_constant: bool = False) -> set:
+        """The variable ops `op` reached `source` through (and those whose values these inputs
+        made constant, `made_constant`: what a replay of the map runs again)."""
         between, frontier = set(), list(self.inputs[op])
         while frontier:
             node = frontier.pop()
-            if node is source or node in between or not node.variable or node.target is None \
-                    or node.index < source.index:
+            if node is source or node in between or node.target is None or node.index < source.index \
+                    or not (node.variable or made_constant and node in self.made_constant):
                 continue
             between.add(node)
             frontier.extend(self.inputs[node])
