@@ -301,22 +301,27 @@ def _drawn(order: torch.Tensor, shape: torch.Size, channels: int, kernel: tuple,
     """(the rows to solve on, the rows to check on) of `order` (every output row, shuffled), or
     None where there are too few. A zero-stuffed source's windows hold its values at the taps
     their phase (positions modulo the stride) puts them, so each phase's rows solve only that
-    phase's taps: each phase gets twice as many rows as the taps it reads, and SPARE_ROWS
-    more. Rows drawn from all phases at once left the busiest one short of its taps (KernelBench
-    L2 26's ConvTranspose3d written as its 8 phases, 32 channels: 256 taps, ~220 rows)."""
+    phase's taps: each phase gets twice as many rows as the taps it reads, and its share of
+    SPARE_ROWS more; SPARE_ROWS are left to check on. Rows drawn from all phases at once left
+    the busiest one short of its taps (KernelBench L2 26's ConvTranspose3d written as its 8
+    phases, 32 channels: 256 taps, ~220 rows); SPARE_ROWS more for each phase left a red
+    team's 6 x 6 image too few rows for any."""
+    count = math.prod(phases)
     reads = channels * math.prod(-(-size // stride) for size, stride in zip(kernel, phases)) + 1
-    needed = 2 * reads + SPARE_ROWS
+    needed = 2 * reads + -(-SPARE_ROWS // count)
     positions = torch.unravel_index(order, (shape[0], *shape[2:]))[1:]
     phase = torch.zeros_like(order)
     for position, stride in zip(positions, phases):
         phase = phase * stride + position % stride
     solving = []
-    for each in range(math.prod(phases)):
+    for each in range(count):
         rows = order[phase == each]
-        if len(rows) < needed + SPARE_ROWS:
+        if len(rows) < needed:
             return None
         solving.append(rows[:needed])
     solved_on = torch.cat(solving)
+    if len(order) < len(solved_on) + SPARE_ROWS:
+        return None
     unsolved = torch.ones(len(order), dtype=torch.bool)
     unsolved[solved_on] = False
     return solved_on, order[unsolved[order]][:CHECKED_ROWS]

@@ -430,15 +430,18 @@ class _Recognisers:
     def _factors(self, op) -> list:
         """The values a product of products multiplies, however grouped, WINDOW ops back at most
         (a chain of 120 products, each asked for its factors, had taken 1.5 times as long to read).
-        A product of one varying value (a scale, a square) is one of it: an adversary wrote
-        KernelBench L2 26's `y * hardswish(y)` as `y.square() * relu6(y + 3) / 6`."""
+        A square is two of its value, and `op` a product's where it scales one by a number: an
+        adversary wrote KernelBench L2 26's `y * hardswish(y)` as `y.square() * relu6(y + 3) / 6`.
+        Any other product of one varying value is a factor as it is (`y = x * w` of a weight
+        `w`, in `y * hardswish(y)`, is y, not x)."""
         factors, frontier = [], [op]
         while frontier:
             node = frontier.pop()
             reads = self._variables(node)
-            if canonical(node) == ["mul"] and reads and len(reads) <= 2 and node not in self.named \
+            one_of_two = reads and len(reads) == 1 and (_squares(node) or node is op and _scales_by_a_number(node))
+            if canonical(node) == ["mul"] and reads and (len(reads) == 2 or one_of_two) and node not in self.named \
                     and node.index >= op.index - WINDOW:
-                frontier += reads
+                frontier += reads * 2 if _squares(node) else reads
             else:
                 factors.append(node)
         return factors
@@ -949,6 +952,17 @@ POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (K
 
 
 POOL_DILATIONS = (2, 3)  # a maximum's spaced windows tried (KernelBench's: 2 and 3)
+
+
+def _squares(node) -> bool:
+    """Whether `node` is `u ** 2` of a value u."""
+    return _name(node) == "pow" and len(node.args) > 1 and isinstance(node.args[1], (int, float)) and node.args[1] == 2
+
+
+def _scales_by_a_number(node) -> bool:
+    """Whether `node` multiplies or divides a value by a Python number."""
+    return _name(node) in ("mul", "div") and len(node.args) > 1 and isinstance(node.args[1], (int, float)) \
+        and not isinstance(node.args[1], bool)
 
 
 def _pool_settings(size, pooled):

@@ -458,6 +458,12 @@ def test_a_product_of_a_value_and_a_function_of_it_reads_alike_however_grouped()
         == ["hardswish", "mul"]
     # the sixth adversary's (session 41): the square a factor, the gate's scale outside the product
     assert ops(lambda x: x.square() * F.relu6(x + 3.0) / 6.0) == ["hardswish", "mul"]
+    # of a value that is itself a scale by a weight (a red team's, against the rule's first
+    # version, which took y = x * w for x)
+    weight = torch.randn(8, 1, 1)
+    of_scaled = lambda f: ops(lambda x: f(x * weight))  # noqa: E731
+    assert of_scaled(lambda y: y * F.hardswish(y)) == of_scaled(lambda y: y * y * gate(y)) \
+        == of_scaled(lambda y: y.square() * F.relu6(y + 3.0) / 6.0) == ["mul", "hardswish", "mul"]
     assert "hardswish" not in ops(lambda x: (x + 1.0).square() * F.relu6(x + 3.0) / 6.0)
     assert "hardswish" not in ops(lambda x: x.square() * F.relu6(x + 3.0) / 5.0)
 
@@ -649,30 +655,29 @@ def test_a_transposed_convolution_written_out_reads_as_one(layer, written):
         ops(lambda x: torch.tanh(layer(x)), layer, shape=X_STRIDED) == ["convolution_transpose2d", "tanh"]
 
 
-UP_3D = nn.ConvTranspose3d(16, 4, 3, stride=2, padding=1, output_padding=1)
-X_UP_3D = (2, 16, 6, 6, 6)
-
-
-def _phases_woven(x):  # each of the stride's 2 x 2 x 2 output phases its own small convolution, woven by a reshape
+def _phases_woven(x, layer):  # each of the stride's 2 x 2 x 2 output phases its own small convolution, woven by a reshape
     n = x.shape[2]
     padded = F.pad(x, (0, 1, 0, 1, 0, 1))
     # along one dimension: an even output reads tap 1 at x[m]; an odd one taps 2 and 0 at x[m], x[m + 1]
     taps = {0: ([1], slice(0, n)), 1: ([2, 0], slice(0, n + 1))}
-    weight = UP_3D.weight.transpose(0, 1)
+    weight = layer.weight.transpose(0, 1)
     phase = lambda a, b, c: F.conv3d(padded[:, :, taps[a][1], taps[b][1], taps[c][1]],  # noqa: E731
                                      weight[:, :, taps[a][0]][:, :, :, taps[b][0]][:, :, :, :, taps[c][0]])
     woven = torch.stack([torch.stack([torch.stack([phase(a, b, c) for c in (0, 1)], -1) for b in (0, 1)], -3)
                          for a in (0, 1)], -5)  # (batch, out, depth, a, height, b, width, c)
-    return woven.reshape(*x.shape[:1], -1, 2 * n, 2 * n, 2 * n) + UP_3D.bias.view(1, -1, 1, 1, 1)
+    return woven.reshape(*x.shape[:1], -1, 2 * n, 2 * n, 2 * n) + layer.bias.view(1, -1, 1, 1, 1)
 
 
-def test_a_transposed_convolution_as_its_phases_reads_as_one_whatever_its_busiest_phase_reads():
-    # the sixth adversary's L2 26 (session 41): its ConvTranspose3d as 8 phase convolutions;
-    # the odd phase reads 8 of 27 taps, and rows drawn from every phase at once were too few for them
-    x = torch.randn(*X_UP_3D)
-    assert torch.allclose(_phases_woven(x), UP_3D(x), atol=1e-5)
-    assert ops(lambda x: torch.tanh(_phases_woven(x)), UP_3D, shape=X_UP_3D) == \
-        ops(lambda x: torch.tanh(UP_3D(x)), UP_3D, shape=X_UP_3D) == ["convolution_transpose3d", "tanh"]
+# the sixth adversary's L2 26 (session 41): its ConvTranspose3d as 8 phase convolutions; the
+# odd phase reads 8 of 27 taps, and rows drawn from every phase at once were too few for them
+# at 16 channels; SPARE_ROWS for each phase were too many for a red team's 4 x 4 x 4 image
+@pytest.mark.parametrize("channels, size", [(16, 6), (4, 4)])
+def test_a_transposed_convolution_as_its_phases_reads_as_one_whatever_its_busiest_phase_reads(channels, size):
+    layer, shape = nn.ConvTranspose3d(channels, 4, 3, stride=2, padding=1, output_padding=1), (2, channels, *[size] * 3)
+    x = torch.randn(*shape)
+    assert torch.allclose(_phases_woven(x, layer), layer(x), atol=1e-5)
+    assert ops(lambda x: torch.tanh(_phases_woven(x, layer)), layer, shape=shape) == \
+        ops(lambda x: torch.tanh(layer(x)), layer, shape=shape) == ["convolution_transpose3d", "tanh"]
 
 
 def test_phases_with_a_bias_of_their_own_are_no_transposed_convolution():
