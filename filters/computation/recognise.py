@@ -855,7 +855,9 @@ class _Recognisers:
         that vary: a product plus a bias is read as written, `mm` then `add`, and taking it in
         again would leave the product unspelled in one reading and not the other."""
         target = op.value.float()
-        sums_two = canonical(op) == ["add"] and sum(1 for n in self.inputs[op] if n.variable) >= 2
+        # an add of two varying values, or a product added to one (`addmm(acc, x_j, w_j)`: an
+        # adversary's split-K GEMM accumulated partial products so)
+        sums_two = canonical(op)[-1:] == ["add"] and sum(1 for n in self.inputs[op] if n.variable) >= 2
         biases = [b.value.float() for b in self._depends_on(op, 1) if b.value.shape[-1] == target.shape[-1]] \
             if sums_two and not homogeneous else []
         for node in (n for n in window if n.value.dim() >= 2):

@@ -552,6 +552,20 @@ def test_a_linear_as_partial_products_of_feature_blocks_summed_reads_as_one(bloc
         ops(lambda x: torch.tanh(SLABBED(x)), SLABBED, shape=(4, 16)) == ["mm", "add", "tanh"]
 
 
+def test_a_linear_split_over_its_inputs_and_accumulated_by_addmm_reads_as_one():
+    # the seventh adversary's L2 39 (session 41): `acc = addmm(b, x[:, :8], w[:8])`, then
+    # `addmm(acc, x[:, 8:], w[8:])`, read `mm add mm add`: the second adds a product to a value
+    # that varies, and no bias was looked for there
+    w, b = SLABBED.weight.T, SLABBED.bias
+    split = lambda x: torch.addmm(torch.addmm(b, x[:, :8], w[:8]), x[:, 8:], w[8:])  # noqa: E731
+    assert torch.allclose(split(torch.ones(4, 16)), SLABBED(torch.ones(4, 16)), atol=1e-5)
+    assert ops(lambda x: torch.tanh(split(x)), SLABBED, shape=(4, 16)) == \
+        ops(lambda x: torch.tanh(SLABBED(x)), SLABBED, shape=(4, 16)) == ["mm", "add", "tanh"]
+    # a product added to a value that varies otherwise (a residual) is no bias
+    assert ops(lambda x: torch.tanh(torch.addmm(torch.relu(x[:, :12]), x, w)), SLABBED, shape=(4, 16)) != \
+        ["mm", "add", "tanh"]
+
+
 def _unfold_then_bias(x):  # unfold and a product, the bias added to the positions flattened
     return torch.matmul(PLANE.weight.flatten(1), F.unfold(x, 3)) + PLANE.bias[:, None]
 
