@@ -680,10 +680,23 @@ def test_a_uniform_gain_with_a_window_shape_is_read_unless_a_convolution_takes_i
 
 
 def test_a_partial_reading_is_read_again_at_the_small_batch_before_its_own_sizes():
+    """A reading at the small problem that leaves an op unspelled (a layer scaled by
+    `features - 16`, zero at widths of 16) is partial; read in full, a task is read at the
+    small batch first, as a candidate is: here its own sizes (a batch of 2 ** 26) cannot be
+    held at all."""
+    code = make_task("return torch.tanh(self.embed(x) * (x.shape[1] - 16) + x)",
+                     init="self.embed = nn.Linear(features, features)",
+                     constants="batch_size = 67108864\nfeatures = 2048")
+    assert harness.read(code, untrusted=False).partial
+    full = harness.read(code, untrusted=False, in_full=True)
+    assert not full.partial and full.graph == "mm mul add add tanh"
+
+
+def test_segments_of_one_at_the_small_problem_are_read_where_each_keeps_eight():
     """The sixth adversary's L2 62 cut its width into segments whose constant's name says no
     group: at widths of 16 each segment held one feature and its norm was constant, the layer
-    unread. Read in full, a task is read at the small batch first, as a candidate is: here its
-    own sizes (a batch of 2 ** 26) cannot be held at all."""
+    unread (a partial reading, read in full at the small batch before session 41). The small
+    problem collapses, and the task is read where each segment keeps 8 features, in full."""
     code = make_task("""
         h = self.embed(x).unflatten(1, (segments, -1))
         h = torch.nn.functional.layer_norm(h, h.shape[-1:]).flatten(1)
@@ -693,6 +706,5 @@ def test_a_partial_reading_is_read_again_at_the_small_batch_before_its_own_sizes
         self.scale = nn.Parameter(torch.full((features,), 2.0))
         self.shift = nn.Parameter(torch.zeros(features))""",
                      constants="batch_size = 67108864\nfeatures = 2048\nsegments = 128")
-    assert harness.read(code, untrusted=False).partial
-    full = harness.read(code, untrusted=False, in_full=True)
-    assert not full.partial and full.graph == "mm add group_norm mul add leaky_relu"
+    assert harness.read(code, untrusted=False) == harness.Reading("mm add group_norm mul add leaky_relu")
+    assert harness.read(code, untrusted=False, in_full=True) == harness.Reading("mm add group_norm mul add leaky_relu")
