@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from filters.computation.linear import JOINS, SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
-from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, SCALAR, _name, canonical, convolution_names,
-                                      ends_in_a_layer, is_convolution, norm_name)
+from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, SCALAR, _name, _scalar, canonical,
+                                      convolution_names, ends_in_a_layer, is_convolution, norm_name)
 from filters.computation.record import _Op, argument_values
 from filters.computation.values import _apart, close
 
@@ -438,10 +438,11 @@ class _Recognisers:
         while frontier:
             node = frontier.pop()
             reads = self._variables(node)
-            one_of_two = reads and len(reads) == 1 and (_squares(node) or node is op and _scales_by_a_number(node))
+            square = _squares(node)
+            one_of_two = reads and len(reads) == 1 and (square or node is op and _scales_by_a_number(node))
             if canonical(node) == ["mul"] and reads and (len(reads) == 2 or one_of_two) and node not in self.named \
                     and node.index >= op.index - WINDOW:
-                frontier += reads * 2 if _squares(node) else reads
+                frontier += reads * 2 if square else reads
             else:
                 factors.append(node)
         return factors
@@ -958,13 +959,12 @@ POOL_DILATIONS = (2, 3)  # a maximum's spaced windows tried (KernelBench's: 2 an
 
 def _squares(node) -> bool:
     """Whether `node` is `u ** 2` of a value u."""
-    return _name(node) == "pow" and len(node.args) > 1 and isinstance(node.args[1], (int, float)) and node.args[1] == 2
+    return _name(node) == "pow" and _scalar(node.args, 1) == 2
 
 
 def _scales_by_a_number(node) -> bool:
     """Whether `node` multiplies or divides a value by a Python number."""
-    return _name(node) in ("mul", "div") and len(node.args) > 1 and isinstance(node.args[1], (int, float)) \
-        and not isinstance(node.args[1], bool)
+    return _name(node) in ("mul", "div") and _scalar(node.args, 1) is not None
 
 
 def _pool_settings(size, pooled):
