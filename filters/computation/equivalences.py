@@ -101,9 +101,11 @@ class _Unspelled:
             if set(names) <= set(AFFINE):
                 inside |= {op for op in self._between(node, source) if set(canonical(op)) <= set(names)}
                 continue
+            # one value varies among what it reads (a convolution's weight may be made by ops)
             inside |= {op for op in self._between(node, source)
-                       if (name := tuple(canonical(op))) and names[:len(name)] == name and len(self.reads[op]) == 1
-                       and self._layout_root(self.reads[op][0]) is self._layout_root(source)}
+                       if (name := tuple(canonical(op))) and names[:len(name)] == name
+                       and len(varying := [read for read in self.reads[op] if read.variable]) == 1
+                       and self._layout_root(varying[0]) is self._layout_root(source)}
         return inside & set(hidden)
 
     def _layout_root(self, node):
@@ -180,6 +182,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.leaf_readers: dict | None = None  # a weight (its storage) -> the varying ops that read it, once asked
         self.named_reach: dict = {}  # a composite read with its maps (a squash, a mean) -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
+        self.channels_last_pools: set = set()  # and those that read their source's channels last
         self.quadratics: set = set()  # polynomials named in Horner's form: no affine map, for all their names
         self.through_constants = False
         for op in self.ops:
@@ -241,13 +244,13 @@ class _Equivalences(_Unspelled, _Recognisers):
 
     def _pooled_source(self, node) -> tuple:
         """(the value `node` reads as it reads it, whether it is an average with no padding or
-        divisor of its own): a pooling recognised from values reads its source in the source's
-        layout; an op reads its first variable argument."""
+        divisor of its own, whether it reads its channels last): a pooling recognised from
+        values reads its source in the source's layout; an op reads its first variable argument."""
         if node in self.named:
             source = self.reads[node][0] if len(self.reads[node]) == 1 else None
-            return source, node in self.unpadded_pools
+            return source, node in self.unpadded_pools, node in self.channels_last_pools
         source = next((arg for arg in node.args if isinstance(arg, _Op) and arg.variable), None)
-        return source, plain_average(node)
+        return source, plain_average(node), False
 
     def _chained_arithmetic(self, node, name: str, affine: set, reads: dict, chained: dict) -> tuple | None:
         """`_arithmetic` of the map `node` spells, where `_chain_affine_maps` joined later maps

@@ -197,6 +197,10 @@ def canonical(node, symbolic: bool = False) -> list[str]:
     if name == "rsub" or (name == "sub" and not getattr(node.args[0], "variable", False)):
         # c - u: a negation, and a shift unless c is 0 (`0.0 - t` had read as t itself, `add`)
         return ["mul"] + (["add"] if _scalar(node.args, 1 if name == "rsub" else 0) != 0 else [])
+    if name == "trilinear" and len(node.args) >= 3 and not all(getattr(node.args[i], "variable", False) for i in (0, 2)):
+        # F.bilinear(x, c, W) with one side constant is linear in the other: a product by a
+        # weight (an adversary wrote a Linear as a bilinear form against a column of ones)
+        return ["mm"]
     if name == "batch_norm" and _training(node.args):
         # on meta too, where only the shapes say it: a task whose batch norm sees one sample
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
@@ -482,6 +486,7 @@ class Spelled:
     linked: bool = False
     source: object = None  # the value it reads, as it reads it (a pooling's input)
     plain: bool = False  # an average pooling with no padding or divisor of its own
+    channels_last: bool = False  # a pooling that reads its source's channels last (batch, *positions, channels)
     # for a product or convolution, whether its weights are read by nothing else (a sign is then
     # theirs), asked only where a negation reaches it
     free: Callable[[], bool] | None = None
@@ -494,7 +499,7 @@ BRANCH = "|"
 
 
 def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: None,
-            pooled_source=lambda node: (None, False), free_weights=lambda node: False,
+            pooled_source=lambda node: (None, False, False), free_weights=lambda node: False,
             branches: frozenset = frozenset()) -> list[Spelled]:
     """The names of `nodes` in order, with what `canonical_order` needs to know of each, and
     BRANCH before each node of `branches`."""
@@ -511,16 +516,30 @@ def spelled(nodes: list, names_of, reads_of, arithmetic_of=lambda node, name: No
             if len(reads) == 1 and _name(node) not in LAYOUT_ONLY and users.get(reads[0]) == 1:
                 passed[node] = passed.get(reads[0], reads[0])
             continue
+        source, plain, channels_last = pooled_source(node)
         read = passed.get(reads[0], reads[0]) if len(reads) == 1 else None
         linked = previous is not None and read is previous and users.get(reads[0]) == 1
+        if channels_last and not linked and read is not None:
+            # a channels-last pooling of a (rows, channels) value reshaped or cut along its rows
+            # reads it (`_channels_kept`): what the reshapes keep is its last dimension
+            below = _through_reshapes(read, reads_of, users)
+            linked = previous is not None and below is previous and users.get(below) == 1
         if node in branches:
             items.append(Spelled(BRANCH, node))
-        source, plain = pooled_source(node)
         free = functools.partial(free_weights, node) if ends_in_a_layer(names) else None
-        items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain, free)
+        items += [Spelled(name, node, arithmetic_of(node, name), linked or k > 0, source, plain, channels_last, free)
                   for k, name in enumerate(names)]
         previous = node
     return items
+
+
+def _through_reshapes(node, reads_of, users: dict):
+    """The value `node` is a reshape or a slice of, through ops that keep the last dimension
+    as it is and that nothing else reads."""
+    while _name(node) in RESHAPES | {"slice"} and len(reads := reads_of(node) or []) == 1 and \
+            users.get(node) == 1 and _shape(reads[0]) and _shape(reads[0])[-1:] == _shape(node)[-1:]:
+        node = reads[0]
+    return node
 
 
 def ends_in_a_layer(names: list[str]) -> bool:
@@ -615,8 +634,15 @@ def _commute(a: Spelled, b: Spelled) -> bool:
 def _channels_kept(a: Spelled, b: Spelled, other: Spelled) -> bool:
     """Whether `b` reads `a`'s value in its layout, a batch of images whose channels are its
     second dimension as `other` (a pooling) sees them: a per-channel constant is one there (a
-    red team pooled across channels after a permute, and over an unbatched image's rows)."""
-    if b.source is None or _shape(b.source) != _shape(a.node):
+    red team pooled across channels after a permute, and over an unbatched image's rows). A
+    pooling of a channels-last view keeps the channels of a (rows, channels) value: its last
+    dimension (the seventh adversary's L2 11 ran a BatchNorm1d over NHWC pixel rows)."""
+    if b.source is None:
+        return False
+    if other.channels_last:
+        rows, source = _shape(a.node), _shape(b.source)
+        return rows is not None and source is not None and len(rows) == 2 and rows[-1] == source[-1]
+    if _shape(b.source) != _shape(a.node):
         return False
     spatial = POOLING.match(other.name)
     return spatial is None or _ndim(other.node) == int(spatial.group(2)) + 2

@@ -591,11 +591,12 @@ class _Recognisers:
         same_size = not POOL_ENDS.isdisjoint(name) or any(map(is_convolution, name))
         # either may hold its channels last, (batch, *positions, channels): adversaries' block
         # maxima of permuted views, one read by a product before any permute back
-        candidates = [(t, node, x) for node in window if node.value.dim() == op.value.dim()
+        candidates = [(t, node, x, last) for node in window if node.value.dim() == op.value.dim()
                       and node.value.is_floating_point()
-                      for x, t in ([(image(node.value), target)] if flat else _pooled_layouts(node.value, target))
+                      for x, t, last in ([(image(node.value), target, False)] if flat else
+                                         _pooled_layouts(node.value, target, self._channels_last(node)))
                       if x.shape[:2] == t.shape[:2] and (same_size or x.shape[2:] != t.shape[2:])]
-        for target, node, x in candidates:
+        for target, node, x, channels_last in candidates:
             for kind, kernel, stride, padding, dilation in _pool_settings(x.shape[2:], target.shape[2:]):
                 # one channel of one sample rules most settings out, in microseconds: only what
                 # passes it counts against the contractions a reading may try
@@ -614,8 +615,28 @@ class _Recognisers:
                         return (("sum", "mul") if kind == "avg" else ("max",)), [node]
                     if not padding:
                         self.unpadded_pools.add(op)
+                    if channels_last:
+                        self.channels_last_pools.add(op)
                     return (f"{kind}_pool{spatial}d",), [node]
         return None
+
+    def _channels_last(self, node) -> bool:
+        """Whether `node` holds a (batch, channels, ...) value's channels last: a permute or
+        movedim put them there, and what came after, up to CHANNELS_LAST_STEPS ops each of
+        one varying input, kept the shape's last size (the seventh adversary's L2 11 ran a
+        BatchNorm1d over NHWC pixel rows, viewed back as (n, h, w, c), and took 2 x 2 maxima)."""
+        channels = node.value.shape[-1]
+        for _ in range(CHANNELS_LAST_STEPS):
+            variables = self._variables(node)
+            if not variables or len(variables) != 1:
+                return False
+            below = variables[0]
+            if _name(node) in ("permute", "movedim") and _moves_channels_last(node):
+                return below.value.shape[1] == channels
+            if below.value.shape[-1] != channels:
+                return False
+            node = below
+        return False
 
     # -- affine maps of one earlier value ----------------------------------------------------
 
@@ -812,6 +833,8 @@ class _Recognisers:
         name = canonical(op)
         if op.value.dim() < 2 or (name and is_convolution(name[-1])):
             return None
+        if name == ["add"] and (biased := self._bias_of_a_convolution(op)):
+            return biased
         weights = self._depends_on(op, 2)
         if name and name[-1] == "mm":  # a product is one, unless its weight holds a bias too
             return self._matmul(op, window, weights, homogeneous=True)
@@ -820,6 +843,33 @@ class _Recognisers:
             if found:
                 return found
         return self._convolution(op, window, weights) if 3 <= op.value.dim() <= 5 else None
+
+    def _bias_of_a_convolution(self, op):
+        """`op` adds a bias per channel to a convolution recorded without one, which nothing
+        else reads: the convolution's own bias, as a layer's is (convolution names do not
+        carry one). A plain convolution is found again with its bias by `_convolution`; a
+        transposed one, or a convolution's input gradient, is not (the seventh adversary's
+        L2 91 wrote a ConvTranspose2d as torch.nn.grad.conv2d_input plus a bias:
+        `convolution_transpose2d add`)."""
+        variables = self._variables(op) or []
+        if len(variables) != 1 or len(self.inputs[op]) != 2:
+            return None
+        conv = variables[0]
+        if conv in self.named or self.users.get(conv) != {op} or conv.value.shape != op.value.shape or \
+                conv.value.dim() < 3 or not self._without_bias(conv):
+            return None
+        shift = (op.value - conv.value).float()
+        per_channel = shift[:1, :, *(slice(0, 1),) * (shift.dim() - 2)]
+        if not close(shift, per_channel.expand_as(shift), 1e-3):
+            return None
+        image = [n for n in self.inputs[conv] if n.variable and n.value.dim() == conv.value.dim()]
+        return (tuple(canonical(conv)), image[:1]) if len(image) == 1 else None
+
+    @staticmethod
+    def _without_bias(conv) -> bool:
+        if _name(conv) == "convolution":
+            return len(conv.args) >= 9 and conv.args[2] is None
+        return _name(conv) == "convolution_backward"
 
     def _tested(self) -> None:
         """Count one contraction tried (a value against a weight, or a convolution's
@@ -954,6 +1004,7 @@ BOUND_ENDS = 6  # values a written bound may be of: two, and what else those few
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
 
 
+CHANNELS_LAST_STEPS = 8  # ops back from a pooled value to the permute that put its channels last
 POOL_DILATIONS = (2, 3)  # a maximum's spaced windows tried (KernelBench's: 2 and 3)
 
 
@@ -1076,7 +1127,8 @@ def _softmax_tests(target: torch.Tensor) -> list:
             tests.append((("softmax",), lambda source, dims=dims: close(_softmax(source, dims), target)))
         elif ndim >= 2 and (gain := _constant_sums(target, dims)) is not None:
             tests.append((("softmax", "mul"), lambda source, dims=dims, gain=gain: close(_softmax(source, dims) * gain,
-                                                                                      target)))
+                                                                                      target)
+                          and not _same_normaliser_in_every_sample(source, dims)))
     return tests
 
 
@@ -1086,6 +1138,15 @@ SOFTMAX_SPREAD = 1e-2  # how far a gained softmax's values are apart, against it
 def _softmax(source: torch.Tensor, dims: tuple) -> torch.Tensor:
     shifted = (source - source.amax(dims, keepdim=True)).exp()
     return shifted / shifted.sum(dims, keepdim=True)
+
+
+def _same_normaliser_in_every_sample(source: torch.Tensor, dims: tuple) -> bool:
+    """Whether the sums of exp(source) along `dims` are the same in every sample: a softmax of
+    it times them is exp(source) itself, and any exp of values whose sums barely vary read
+    `softmax mul` of its own input (the seventh adversary's L2 91 wrote a sigmoid as
+    exp(-softplus(-u)), of a u that barely varied at the small problem)."""
+    normaliser = torch.logsumexp(source.float(), dims, keepdim=True)
+    return close(normaliser, normaliser[:1].expand_as(normaliser))
 
 
 def _constant_sums(target: torch.Tensor, dims: tuple) -> torch.Tensor | None:
@@ -1293,7 +1354,7 @@ def affine_reach(source: torch.Tensor, target: torch.Tensor) -> tuple | None:
         return None
     source = source.reshape(target.shape)  # a view between (`[:, None]`) is the same value
     for reach, dim in ((SCALAR, None), (CHANNEL, 1)):
-        if dim is not None and target.dim() < 3:
+        if dim is not None and target.dim() < 2:
             continue
         fit = _affine_coefficients(source.float(), target.float(), dim)
         if fit is not None:
@@ -1362,17 +1423,32 @@ def _layouts(value: torch.Tensor) -> list[torch.Tensor]:
     return [value] + ([value.movedim(-1, 1)] if value.dim() >= 4 and value.shape[-1] != value.shape[1] else [])
 
 
-def _pooled_layouts(source: torch.Tensor, target: torch.Tensor) -> list[tuple]:
-    """(source, target) pairs a pooling of `source` into `target` is tried in: both as they
-    are; the target held channels last, its channels the source's; and both held so, for
-    three positions (a block maximum of an adversary's channels-last volume). Two of
-    four dimensions held so are any two: a maximum over channels and rows read as one over
-    rows and columns."""
-    pairs = [(source, target)]
+def _moves_channels_last(node) -> bool:
+    """Whether a recorded permute or movedim puts its input's second dimension last."""
+    ndim = node.value.dim()
+    if _name(node) == "permute" and len(node.args) > 1 and isinstance(node.args[1], (list, tuple)):
+        return len(node.args[1]) == ndim and node.args[1][-1] % ndim == 1
+    if _name(node) == "movedim" and len(node.args) > 2:
+        source, destination = (list(arg) if isinstance(arg, (list, tuple)) else [arg] for arg in node.args[1:3])
+        return all(isinstance(d, int) for d in source + destination) and \
+            (1, ndim - 1) in {(s % ndim, d % ndim) for s, d in zip(source, destination)}
+    return False
+
+
+def _pooled_layouts(source: torch.Tensor, target: torch.Tensor, channels_last: bool) -> list[tuple]:
+    """(source, target, whether the source is read channels last) for each layout a pooling
+    of `source` into `target` is tried in: both as they are; the target held channels last,
+    its channels the source's; and both held so, for
+    three positions (a block maximum of an adversary's channels-last volume), or for two
+    where `channels_last` says a permute put the source's channels last: two of four
+    dimensions held so are any two otherwise (a maximum over channels and rows read as one
+    over rows and columns)."""
+    pairs = [(source, target, False)]
     if target.dim() >= 4 and target.shape[-1] == source.shape[1] != target.shape[1]:
-        pairs.append((source, target.movedim(-1, 1)))
-    if target.dim() == 5 and source.shape[-1] == target.shape[-1] != source.shape[1]:
-        pairs.append((source.movedim(-1, 1), target.movedim(-1, 1)))
+        pairs.append((source, target.movedim(-1, 1), False))
+    if source.shape[-1] == target.shape[-1] and (channels_last or target.dim() == 5 and
+                                                 source.shape[-1] != source.shape[1]):
+        pairs.append((source.movedim(-1, 1), target.movedim(-1, 1), True))
     return pairs
 
 

@@ -566,6 +566,19 @@ def test_a_linear_split_over_its_inputs_and_accumulated_by_addmm_reads_as_one():
         ["mm", "add", "tanh"]
 
 
+def test_a_bilinear_form_against_a_constant_is_a_linear_and_of_two_values_is_not():
+    # the seventh adversary's L2 95 (session 42): a Linear as `F.bilinear(x, ones, W[..., None], b)`
+    # read `trilinear add` against `mm add`
+    w, b = SLABBED.weight[..., None], SLABBED.bias
+    against_ones = lambda x: F.bilinear(x, x.new_ones(x.shape[0], 1), w, b)  # noqa: E731
+    assert torch.allclose(against_ones(torch.ones(4, 16)), SLABBED(torch.ones(4, 16)), atol=1e-5)
+    assert ops(lambda x: torch.tanh(against_ones(x)), SLABBED, shape=(4, 16)) == \
+        ops(lambda x: torch.tanh(SLABBED(x)), SLABBED, shape=(4, 16)) == ["mm", "add", "tanh"]
+    # a form of two values that vary is quadratic in the input: no product by a weight
+    square = torch.randn(3, 16, 16)
+    assert ops(lambda x: torch.tanh(F.bilinear(x, x, square)), shape=(4, 16))[0] != "mm"
+
+
 def _unfold_then_bias(x):  # unfold and a product, the bias added to the positions flattened
     return torch.matmul(PLANE.weight.flatten(1), F.unfold(x, 3)) + PLANE.bias[:, None]
 
@@ -2440,3 +2453,62 @@ def test_asking_a_map_for_a_top_leaves_the_recorded_values_as_they_were():
     assert ops(lambda x: F.max_pool2d(relu(conv(x)), 2), conv, shape=(4, 3, 10, 10)) == \
         ops(lambda x: F.max_pool2d(torch.relu(conv(x)), 2), conv, shape=(4, 3, 10, 10)) == \
         ["convolution2d", "max_pool2d", "relu"]
+
+
+def _pixel_rows_then_block_maxima(y, norm):
+    """The seventh adversary's L2 11: a BatchNorm1d over NHWC pixel rows, viewed back as
+    (n, h, w, c), then maxima of 2 x 2 blocks, back to NCHW."""
+    n, c, h, w = y.shape
+    p = norm(y.permute(0, 2, 3, 1).reshape(-1, c)).view(n, h, w, c)
+    top = torch.maximum(torch.maximum(p[:, 0::2, 0::2], p[:, 0::2, 1::2]),
+                        torch.maximum(p[:, 1::2, 0::2], p[:, 1::2, 1::2]))
+    return torch.tanh(top).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("size", [(12, 14), (10, 10)])  # the image's sizes the channels' 8 or not
+def test_block_maxima_of_a_view_a_permute_put_channels_last_are_a_pooling_after_the_norm_of_its_pixels(size):
+    torch.manual_seed(0)
+    conv, rows, norm = nn.Conv2d(3, 8, 3), nn.BatchNorm1d(8).eval(), nn.BatchNorm2d(8).eval()
+    with torch.no_grad():
+        rows.running_mean.normal_(), rows.running_var.uniform_(0.5, 1.5), rows.weight.uniform_(0.5, 1.5)
+        rows.bias.normal_()
+    norm.load_state_dict(rows.state_dict())
+    x = torch.randn(4, 3, *size)
+    assert torch.allclose(_pixel_rows_then_block_maxima(conv(x), rows), torch.tanh(F.max_pool2d(norm(conv(x)), 2)),
+                          atol=1e-5)
+    assert ops(lambda x: _pixel_rows_then_block_maxima(conv(x), rows), conv, rows, shape=(4, 3, *size)) == \
+        ops(lambda x: torch.tanh(F.max_pool2d(norm(conv(x)), 2)), conv, norm, shape=(4, 3, *size)) == \
+        ["convolution2d", "max_pool2d", "mul", "add", "tanh"]
+
+
+def test_block_maxima_over_channels_and_rows_are_no_pooling_of_positions_without_a_permute():
+    # channels last, only where a permute put them there: else the last dimension of a value
+    # (n, c, h, w) is its width, and 2 x 2 maxima over (c, h) read as a pooling of (h, w)
+    assert "max_pool2d" not in ops(lambda x: torch.tanh(x.view(4, 4, 2, 3, 2, 10).amax((2, 4))), shape=(4, 8, 6, 10))
+    assert "max_pool2d" in ops(lambda x: torch.tanh(x.permute(0, 2, 3, 1).reshape(4, 3, 2, 5, 2, 8).amax((2, 4))),
+                               shape=(4, 8, 6, 10))
+
+
+def test_a_transposed_convolution_as_an_input_gradient_plus_a_bias_is_the_layer():
+    # the seventh adversary's L2 91: torch.nn.grad.conv2d_input and a bias per channel read
+    # `convolution_transpose2d add` against the layer's `convolution_transpose2d`
+    torch.manual_seed(0)
+    layer = nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)
+    adjoint = lambda x: torch.nn.grad.conv2d_input((x.shape[0], 4, 12, 10), layer.weight, x, stride=2, padding=1) \
+        + layer.bias.view(1, -1, 1, 1)  # noqa: E731
+    x = torch.randn(4, 8, 6, 5)
+    assert torch.allclose(adjoint(x), layer(x), atol=1e-5)
+    assert op_graph_and_drops(Call(lambda x: torch.tanh(adjoint(x)), layer).eval(), [x]) == \
+        (["convolution_transpose2d", "tanh"], [])
+    assert ops(lambda x: torch.tanh(adjoint(x)), layer) == ops(lambda x: torch.tanh(layer(x)), layer)
+    # a shift that varies with the input is no bias
+    assert ops(lambda x: torch.tanh(adjoint(x) + x.mean()), layer) != ops(lambda x: torch.tanh(layer(x)), layer)
+
+
+def test_an_exp_of_values_whose_sums_are_the_same_in_every_sample_is_no_softmax():
+    # the seventh adversary's L2 91: a sigmoid written exp(-softplus(-u)), of a u that barely
+    # varied at the small problem, read `softmax mul`: exp(v) is softmax(v) times its sums
+    prior = torch.randn(8, 1, 1)
+    u = lambda x: 2.0 * torch.softmax(0.01 * x, 1) + prior  # noqa: E731
+    assert ops(lambda x: torch.exp(-F.softplus(-u(x)))) == ops(lambda x: torch.sigmoid(u(x))) == \
+        ["mul", "softmax", "mul", "add", "sigmoid"]
