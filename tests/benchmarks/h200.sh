@@ -20,7 +20,7 @@
 #   bash tests/benchmarks/h200.sh shapes NAME...                # bench_shapes over funnel NAMEs' accepted tasks and KernelBench L2
 #   bash tests/benchmarks/h200.sh scale [TASKS]                 # cold and cached crawl on every core; opsynth dedupe on 2 cores
 #   bash tests/benchmarks/h200.sh gputrace [ROWS|none|attack|in-full] # the trace on the checks' device: the attack, fairness on KernelBench and ROWS
-#   bash tests/benchmarks/h200.sh disguise [KINDS...]             # bench_disguise, copies read at their own sizes on the GPU
+#   bash tests/benchmarks/h200.sh disguise [KINDS...]             # bench_disguise, copies read at their own sizes on the GPU (LEVELS="2": level 2 alone)
 # It expects the wheels in .whl/ (see the README of the device tool) and writes to $OUT. The
 # catalog cache is kept in .device-cache/: bring $OUT/catalogs back there and carry it to
 # the second call, so the run does not crawl again.
@@ -229,9 +229,11 @@ if [ "$STAGE" = scale ]; then
 fi
 if [ "$STAGE" = disguise ]; then
     # bench_disguise with copies (and partial reference tasks) read at their own sizes on the GPU,
-    # as a run's checks run them: KINDS of tests/disguise.py (default: batch_twice all_at_once)
+    # as a run's checks run them: KINDS of tests/disguise.py (default: batch_twice all_at_once);
+    # LEVELS="2" for level 2 alone (half the copies, where a call has less time left)
     kinds=("$@"); [ ${#kinds[@]} -eq 0 ] && kinds=(batch_twice all_at_once)
-    timeout 540 python3 -m tests.benchmarks.bench_disguise "$PWD/.kb/KernelBench" --levels 1 2 --no-templates \
+    read -ra levels <<< "${LEVELS:-1 2}"
+    timeout 540 python3 -m tests.benchmarks.bench_disguise "$PWD/.kb/KernelBench" --levels "${levels[@]}" --no-templates \
         --workers 8 --device cuda --cache-dir /tmp/disguise-cache --kinds "${kinds[@]}" 2>&1 | grep --line-buffered -v "Warning"  # each kind's line as it comes: a call cut by its limit keeps them (tail held them all back once)
     exit 0
 fi
