@@ -84,14 +84,15 @@ class _Unspelled:
         return renamed
 
     def _inside_named_maps(self, hidden: list, spelled: set) -> set:
-        """Ops inside a map the sequence names that spells them, by two rules. Arithmetic inside
+        """Ops inside a map the sequence names that spells them, by three rules. Arithmetic inside
         a map named by arithmetic (an affine map, a polynomial): `x * a + b` is `mul add` at its add, its
         mul inside. Where a is 1 the same map is the add alone, and the mul is nothing: two
         readings of one task (its own weights, generic ones) had each left out an op the other
         spelled (an adversary's GroupNorm affine of 2 and 0). And an op of the map's source
         whose names the map's begin with: `softmax(y) * g` is `softmax mul` at its mul where g
         is a constant times the softmax's sums, its softmax inside (KernelBench L2 38's scale
-        of ones read `softmax` alone, spread `softmax mul`, and neither reading stood)."""
+        of ones read `softmax` alone, spread `softmax mul`, and neither reading stood). And the
+        steps between a convolution and the bias named its own (`_bias_of_a_convolution`)."""
         inside = set()
         for node in spelled:
             names = tuple(self.named.get(node, ()))
@@ -106,7 +107,7 @@ class _Unspelled:
                        if (name := tuple(canonical(op))) and names[:len(name)] == name
                        and len(varying := [read for read in self.reads[op] if read.variable]) == 1
                        and self._layout_root(varying[0]) is self._layout_root(source)}
-        return inside & set(hidden)
+        return (inside | self.bias_steps) & set(hidden)
 
     def _layout_root(self, node):
         """The node `node` is a reshape of (itself if it is none)."""
@@ -183,6 +184,7 @@ class _Equivalences(_Unspelled, _Recognisers):
         self.named_reach: dict = {}  # a composite read with its maps (a squash, a mean) -> how far their constants reach
         self.unpadded_pools: set = set()  # poolings recognised from values whose windows read no padding
         self.channels_last_pools: set = set()  # and those that read their source's channels last
+        self.bias_steps: set = set()  # the scales and shifts between a convolution and the bias named its own
         self.quadratics: set = set()  # polynomials named in Horner's form: no affine map, for all their names
         self.through_constants = False
         for op in self.ops:
@@ -420,7 +422,8 @@ class _Equivalences(_Unspelled, _Recognisers):
         if same is not None:
             self.alias[op] = same
             return
-        found = found or self._composite(op, window) or self._composite_of_inside(op, window)
+        found = found or self._composite(op, window) or self._composite_of_inside(op, window) or \
+            self._bias_of_a_convolution(op)
         affine = None if found else self._affine(op, window)
         found = found or affine or self._quadratic(op, window) or self._contraction(op, window)
         if found and found[0] == ("relu",) and self._saturates(op, found[1][0]):

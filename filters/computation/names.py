@@ -197,7 +197,8 @@ def canonical(node, symbolic: bool = False) -> list[str]:
     if name == "rsub" or (name == "sub" and not getattr(node.args[0], "variable", False)):
         # c - u: a negation, and a shift unless c is 0 (`0.0 - t` had read as t itself, `add`)
         return ["mul"] + (["add"] if _scalar(node.args, 1 if name == "rsub" else 0) != 0 else [])
-    if name == "trilinear" and len(node.args) >= 3 and not all(getattr(node.args[i], "variable", False) for i in (0, 2)):
+    if name == "trilinear" and _bilinear_form(node.args) and \
+            not all(getattr(node.args[i], "variable", False) for i in (0, 2)):
         # F.bilinear(x, c, W) with one side constant is linear in the other: a product by a
         # weight (an adversary wrote a Linear as a bilinear form against a column of ones)
         return ["mm"]
@@ -206,6 +207,17 @@ def canonical(node, symbolic: bool = False) -> list[str]:
         # at the small problem alone (`x.reshape(width // 16, -1, ...)`) runs other norms there
         return [_batch_statistics_norm(node.args[0])]
     return [SAME_AS.get(op, op) for op in SPLIT.get(name, (name,))]
+
+
+BILINEAR_FORM = ([1, 3], [0], [1, 2], [2, 3])  # _trilinear's expands and sums as F.bilinear calls it
+
+
+def _bilinear_form(args) -> bool:
+    """Whether a recorded _trilinear contracts as F.bilinear's does: both inputs' features
+    against the weight's (a red team's own call, contracting nothing, is an elementwise
+    product, and had read `mm`)."""
+    return len(args) >= 7 and all(isinstance(arg, (list, tuple)) and list(arg) == form
+                                  for arg, form in zip(args[3:7], BILINEAR_FORM))
 
 
 _CONVOLUTIONS_READ: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node -> (by values, by shapes)

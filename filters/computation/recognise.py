@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from filters.computation.linear import JOINS, SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
-from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, SCALAR, _name, _scalar, canonical,
+from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, RESHAPES, SCALAR, _name, _scalar, canonical,
                                       convolution_names, ends_in_a_layer, is_convolution, norm_name)
 from filters.computation.record import _Op, argument_values
 from filters.computation.values import _apart, close
@@ -621,19 +621,32 @@ class _Recognisers:
         return None
 
     def _channels_last(self, node) -> bool:
-        """Whether `node` holds a (batch, channels, ...) value's channels last: a permute or
-        movedim put them there, and what came after, up to CHANNELS_LAST_STEPS ops each of
-        one varying input, kept the shape's last size (the seventh adversary's L2 11 ran a
-        BatchNorm1d over NHWC pixel rows, viewed back as (n, h, w, c), and took 2 x 2 maxima)."""
-        channels = node.value.shape[-1]
+        """Whether `node` holds a (batch, channels, *positions) value as (batch, *positions,
+        channels): walked back up to CHANNELS_LAST_STEPS ops of one varying input, through
+        permutes, transposes and movedims (whose axes are followed), reshapes and slices (a
+        run of them keeps the first axis and the last where it keeps their sizes), and ops
+        that keep the shape, to a value whose channels are the last axis, whose batch the
+        first, and whose positions the rest (the seventh adversary's L2 11 ran a BatchNorm1d
+        over NHWC pixel rows, viewed back as (n, h, w, c), and took 2 x 2 maxima; a red
+        team's (h, n, w, c) and (n, h, c, w) of a square image are no such value)."""
+        top = tuple(node.value.shape)  # the shape `axes` are axes of
+        axes = list(range(len(top)))  # `node`'s axis i is axis axes[i] of that (None: lost in a reshape)
         for _ in range(CHANNELS_LAST_STEPS):
             variables = self._variables(node)
-            if not variables or len(variables) != 1:
+            if not variables or len(variables) != 1 or not isinstance(variables[0].value, torch.Tensor):
                 return False
-            below = variables[0]
-            if _name(node) in ("permute", "movedim") and _moves_channels_last(node):
-                return below.value.shape[1] == channels
-            if below.value.shape[-1] != channels:
+            below, shape = variables[0], tuple(node.value.shape)
+            order = _axis_order(node, below)
+            if order is not None:
+                axes = _through_reshapes(axes, top, shape)
+                if axes is None:
+                    return False
+                axes = [order[axis] if axis is not None else None for axis in axes]
+                top = tuple(below.value.shape)
+                if axes[-1] == 1 and axes[0] == 0 and set(axes[1:-1]) <= set(range(2, len(top))) | {None}:
+                    return True
+            elif not (_name(node) in RESHAPES | KEEP_AXES or
+                      tuple(below.value.shape) == shape and _name(node) not in LAYOUT_ONLY):
                 return False
             node = below
         return False
@@ -833,8 +846,6 @@ class _Recognisers:
         name = canonical(op)
         if op.value.dim() < 2 or (name and is_convolution(name[-1])):
             return None
-        if name == ["add"] and (biased := self._bias_of_a_convolution(op)):
-            return biased
         weights = self._depends_on(op, 2)
         if name and name[-1] == "mm":  # a product is one, unless its weight holds a bias too
             return self._matmul(op, window, weights, homogeneous=True)
@@ -845,25 +856,48 @@ class _Recognisers:
         return self._convolution(op, window, weights) if 3 <= op.value.dim() <= 5 else None
 
     def _bias_of_a_convolution(self, op):
-        """`op` adds a bias per channel to a convolution recorded without one, which nothing
-        else reads: the convolution's own bias, as a layer's is (convolution names do not
-        carry one). A plain convolution is found again with its bias by `_convolution`; a
-        transposed one, or a convolution's input gradient, is not (the seventh adversary's
-        L2 91 wrote a ConvTranspose2d as torch.nn.grad.conv2d_input plus a bias:
-        `convolution_transpose2d add`)."""
-        variables = self._variables(op) or []
-        if len(variables) != 1 or len(self.inputs[op]) != 2:
+        """`op` adds a bias per channel to a convolution recorded without one, through at most
+        BIAS_STEPS ops of it alone (scales and shifts by constants, reshapes), each read by the
+        next alone: the convolution's own bias, as a layer's is (convolution names carry
+        none), and a negation on the way its weights' sign. Only where what `op` holds is the
+        convolution, or its negation, plus a constant per channel (a scale by anything else
+        stays: folded into the weights, it is a policy). A plain convolution with its bias is
+        found again by `_convolution` too; a transposed one, or a convolution's input gradient,
+        is not (the seventh adversary's L2 91 wrote a ConvTranspose2d as torch.nn.grad.conv2d_input
+        plus a bias; a red team's `b - conv_transpose2d(x, -w)`, an addcmul and a bias added to
+        the flattened positions)."""
+        node, added, chain = op, False, []
+        for _ in range(BIAS_STEPS):
+            variables = self._variables(node) or []
+            names = canonical(node)
+            # what it spells is a shift or a scale, or nothing (`x * 1`, a reshape: no other layout)
+            if len(variables) != 1 or not set(names) <= {"add", "mul"} or \
+                    not names and _name(node) in LAYOUT_ONLY and _name(node) not in RESHAPES:
+                return None
+            added |= "add" in names
+            conv = variables[0]
+            if self._without_bias(conv):
+                break
+            if conv in self.named or self.users.get(conv) != {node}:
+                return None
+            node = conv
+            chain.append(node)
+        else:
             return None
-        conv = variables[0]
-        if conv in self.named or self.users.get(conv) != {op} or conv.value.shape != op.value.shape or \
-                conv.value.dim() < 3 or not self._without_bias(conv):
+        if not added or conv in self.named or self.users.get(conv) != {node} or conv.value.dim() < 3 or \
+                op.value.numel() != conv.value.numel():
             return None
-        shift = (op.value - conv.value).float()
-        per_channel = shift[:1, :, *(slice(0, 1),) * (shift.dim() - 2)]
-        if not close(shift, per_channel.expand_as(shift), 1e-3):
-            return None
-        image = [n for n in self.inputs[conv] if n.variable and n.value.dim() == conv.value.dim()]
-        return (tuple(canonical(conv)), image[:1]) if len(image) == 1 else None
+        held = op.value.float().reshape(conv.value.shape)
+        for sign in (1.0, -1.0):
+            shift = held - sign * conv.value.float()
+            per_channel = shift[:1, :, *(slice(0, 1),) * (shift.dim() - 2)]
+            if close(shift, per_channel.expand_as(shift), 1e-3):
+                image = [n for n in self.inputs[conv] if n.variable and n.value.dim() == conv.value.dim()]
+                if len(image) != 1:
+                    return None
+                self.bias_steps |= set(chain)  # spelled by the convolution named at `op`
+                return tuple(canonical(conv)), image
+        return None
 
     @staticmethod
     def _without_bias(conv) -> bool:
@@ -1004,7 +1038,9 @@ BOUND_ENDS = 6  # values a written bound may be of: two, and what else those few
 POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (KernelBench's: 2 to 4)
 
 
-CHANNELS_LAST_STEPS = 8  # ops back from a pooled value to the permute that put its channels last
+CHANNELS_LAST_STEPS = 32  # ops back from a pooled value to the permute that put its channels last
+BIAS_STEPS = 4  # ops from a bias back to the convolution it is of (`b - (-conv(x))` is two)
+KEEP_AXES = frozenset({"slice", "clone", "contiguous", "detach", "alias", "to_copy"})  # what they read, cut or copied
 POOL_DILATIONS = (2, 3)  # a maximum's spaced windows tried (KernelBench's: 2 and 3)
 
 
@@ -1423,16 +1459,41 @@ def _layouts(value: torch.Tensor) -> list[torch.Tensor]:
     return [value] + ([value.movedim(-1, 1)] if value.dim() >= 4 and value.shape[-1] != value.shape[1] else [])
 
 
-def _moves_channels_last(node) -> bool:
-    """Whether a recorded permute or movedim puts its input's second dimension last."""
-    ndim = node.value.dim()
-    if _name(node) == "permute" and len(node.args) > 1 and isinstance(node.args[1], (list, tuple)):
-        return len(node.args[1]) == ndim and node.args[1][-1] % ndim == 1
-    if _name(node) == "movedim" and len(node.args) > 2:
-        source, destination = (list(arg) if isinstance(arg, (list, tuple)) else [arg] for arg in node.args[1:3])
-        return all(isinstance(d, int) for d in source + destination) and \
-            (1, ndim - 1) in {(s % ndim, d % ndim) for s, d in zip(source, destination)}
-    return False
+def _through_reshapes(axes: list, top: tuple, shape: tuple) -> list | None:
+    """`axes` (of a value of shape `top`) as axes of what a run of reshapes and slices made it
+    from, of `shape`: the same where the shapes are; else its first and last axes alone, where
+    their sizes are kept (a row-major reshape keeps them), and None where they are not."""
+    if shape == top:
+        return axes
+    if len(shape) < 2 or shape[0] != top[0] or shape[-1] != top[-1]:
+        return None
+    ends = {0: 0, len(top) - 1: len(shape) - 1}
+    return [ends.get(axis) if axis is not None else None for axis in axes]
+
+
+def _axis_order(node, below) -> list | None:
+    """For a recorded permute, transpose or movedim of `below`: the axis of `below` each of
+    its axes is; None for any other op."""
+    ndim, name = node.value.dim(), _name(node)
+    if below.value.dim() != ndim or len(node.args) < 2:
+        return None
+    order = list(range(ndim))
+    if name == "permute" and isinstance(node.args[1], (list, tuple)) and len(node.args[1]) == ndim:
+        return [int(axis) % ndim for axis in node.args[1]]
+    if name == "transpose" and len(node.args) >= 3 and all(isinstance(a, int) for a in node.args[1:3]):
+        first, second = node.args[1] % ndim, node.args[2] % ndim
+        order[first], order[second] = order[second], order[first]
+        return order
+    if name == "movedim" and len(node.args) >= 3:
+        sources, destinations = ([int(a) % ndim for a in arg] if isinstance(arg, (list, tuple)) else [int(arg) % ndim]
+                                 for arg in node.args[1:3])
+        rest = [axis for axis in order if axis not in sources]
+        order = [None] * ndim
+        for source, destination in zip(sources, destinations):
+            order[destination] = source
+        kept = iter(rest)
+        return [axis if axis is not None else next(kept) for axis in order]
+    return None
 
 
 def _pooled_layouts(source: torch.Tensor, target: torch.Tensor, channels_last: bool) -> list[tuple]:

@@ -577,6 +577,10 @@ def test_a_bilinear_form_against_a_constant_is_a_linear_and_of_two_values_is_not
     # a form of two values that vary is quadratic in the input: no product by a weight
     square = torch.randn(3, 16, 16)
     assert ops(lambda x: torch.tanh(F.bilinear(x, x, square)), shape=(4, 16))[0] != "mm"
+    # session 42's red team: a _trilinear that contracts nothing is an elementwise product
+    scale = torch.randn(16)
+    assert ops(lambda x: torch.tanh(torch._trilinear(x, scale.expand(4, 16), torch.ones_like(x), [], [], [], [])),
+               shape=(4, 16))[0] != "mm"
 
 
 def _unfold_then_bias(x):  # unfold and a product, the bias added to the positions flattened
@@ -2481,12 +2485,51 @@ def test_block_maxima_of_a_view_a_permute_put_channels_last_are_a_pooling_after_
         ["convolution2d", "max_pool2d", "mul", "add", "tanh"]
 
 
+def _block_maxima(p):  # 2 x 2 maxima of the middle two of four dimensions
+    return p.view(p.shape[0], p.shape[1] // 2, 2, p.shape[2] // 2, 2, p.shape[3]).amax((2, 4))
+
+
 def test_block_maxima_over_channels_and_rows_are_no_pooling_of_positions_without_a_permute():
     # channels last, only where a permute put them there: else the last dimension of a value
     # (n, c, h, w) is its width, and 2 x 2 maxima over (c, h) read as a pooling of (h, w)
     assert "max_pool2d" not in ops(lambda x: torch.tanh(x.view(4, 4, 2, 3, 2, 10).amax((2, 4))), shape=(4, 8, 6, 10))
     assert "max_pool2d" in ops(lambda x: torch.tanh(x.permute(0, 2, 3, 1).reshape(4, 3, 2, 5, 2, 8).amax((2, 4))),
                                shape=(4, 8, 6, 10))
+
+
+@pytest.mark.parametrize("layout", [
+    lambda y: y.permute(0, 2, 3, 1).transpose(2, 3),  # (n, h, c, w): maxima over (h, c) of a square image
+    lambda y: y.permute(2, 0, 3, 1),  # (h, n, w, c): over samples and columns
+    lambda y: y.transpose(1, 2).permute(3, 0, 2, 1),  # (w, n, c, h)... over samples and channels
+    lambda y: y.permute(2, 0, 3, 1).reshape(-1, y.shape[1]).view(y.shape[0], y.shape[2], y.shape[3], y.shape[1]),
+])
+def test_block_maxima_of_a_layout_that_mixes_samples_or_channels_into_positions_are_no_pooling(layout):
+    # session 42's red team: the channels-last path followed the last size alone, or a
+    # permute's last index alone, and each of these read `max_pool2d` as F.max_pool2d of y does
+    conv = nn.Conv2d(3, 8, 3)
+    assert "max_pool2d" not in ops(lambda x: torch.tanh(_block_maxima(layout(conv(x)))), conv, shape=(8, 3, 10, 10))
+
+
+def test_block_maxima_of_channels_put_last_by_two_transposes_past_many_ops_are_a_pooling():
+    # session 42's red team: NHWC by `transpose(1, 3).transpose(1, 2)`, and nine ops between
+    # the layout and the maxima, had read `maximum` three times
+    torch.manual_seed(0)
+    conv, rows, norm = nn.Conv2d(3, 8, 3), nn.BatchNorm1d(8).eval(), nn.BatchNorm2d(8).eval()
+    with torch.no_grad():
+        rows.running_mean.normal_(), rows.running_var.uniform_(0.5, 1.5), rows.weight.uniform_(0.5, 1.5)
+        rows.bias.normal_()
+    norm.load_state_dict(rows.state_dict())
+    act = lambda t: torch.sigmoid(F.hardtanh(torch.relu(t)) * 2.0 + 1.0)  # noqa: E731
+
+    def pixels(x):
+        y = conv(x)
+        n, c, h, w = y.shape
+        p = act(rows(y.transpose(1, 3).transpose(1, 2).reshape(-1, c))).view(n, h, w, c)
+        return torch.tanh(_block_maxima(p)).permute(0, 3, 1, 2)
+    x = torch.randn(4, 3, 14, 14)
+    assert torch.allclose(pixels(x), torch.tanh(F.max_pool2d(act(norm(conv(x))), 2)), atol=1e-5)
+    assert ops(pixels, conv, rows, shape=(4, 3, 14, 14)) == \
+        ops(lambda x: torch.tanh(F.max_pool2d(act(norm(conv(x))), 2)), conv, norm, shape=(4, 3, 14, 14))
 
 
 def test_a_transposed_convolution_as_an_input_gradient_plus_a_bias_is_the_layer():
@@ -2503,6 +2546,26 @@ def test_a_transposed_convolution_as_an_input_gradient_plus_a_bias_is_the_layer(
     assert ops(lambda x: torch.tanh(adjoint(x)), layer) == ops(lambda x: torch.tanh(layer(x)), layer)
     # a shift that varies with the input is no bias
     assert ops(lambda x: torch.tanh(adjoint(x) + x.mean()), layer) != ops(lambda x: torch.tanh(layer(x)), layer)
+
+
+@pytest.mark.parametrize("biased", [
+    lambda x, w, b: b - F.conv_transpose2d(x, -w, stride=2, padding=1),
+    lambda x, w, b: b - (-F.conv_transpose2d(x, w, stride=2, padding=1)),
+    lambda x, w, b: (F.conv_transpose2d(x, w, stride=2, padding=1).flatten(2) + b.view(-1, 1)).view(4, 4, 12, 10),
+    lambda x, w, b: torch.addcmul(b, F.conv_transpose2d(x, w, stride=2, padding=1), torch.ones(1)),
+])
+def test_a_bias_reached_through_a_negation_a_reshape_or_a_fused_add_is_the_transposed_layers_own(biased):
+    # session 42's red team: each read `convolution_transpose2d mul add` or `... add`
+    torch.manual_seed(0)
+    layer = nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)
+    bias = layer.bias.view(-1, 1, 1)
+    x = torch.randn(4, 8, 6, 5)
+    assert torch.allclose(biased(x, layer.weight, bias), layer(x), atol=1e-5)
+    assert op_graph_and_drops(Call(lambda x: torch.tanh(biased(x, layer.weight, bias)), layer).eval(), [x]) == \
+        (["convolution_transpose2d", "tanh"], [])
+    # a scale other than a sign stays a scale: folded into the weights, it is a policy
+    assert ops(lambda x: torch.tanh(2 * F.conv_transpose2d(x, layer.weight, stride=2, padding=1) + bias), layer) != \
+        ops(lambda x: torch.tanh(layer(x)), layer)
 
 
 def test_an_exp_of_values_whose_sums_are_the_same_in_every_sample_is_no_softmax():
