@@ -870,9 +870,10 @@ class _Recognisers:
         for _ in range(BIAS_STEPS):
             variables = self._variables(node) or []
             names = canonical(node)
-            # what it spells is a shift or a scale, or nothing (`x * 1`, a reshape: no other layout)
+            # arithmetic, or a reshape: a norm's scale and shift are its own (an eval BatchNorm2d
+            # at its initial statistics scales by 1 - 5e-6, and was taken for a bias)
             if len(variables) != 1 or not set(names) <= {"add", "mul"} or \
-                    not names and _name(node) in LAYOUT_ONLY and _name(node) not in RESHAPES:
+                    _name(node) not in BIAS_ARITHMETIC | RESHAPES:
                 return None
             added |= "add" in names
             conv = variables[0]
@@ -1040,6 +1041,7 @@ POOL_KERNELS = range(2, 9)  # the windows a pooling written out is tried with (K
 
 CHANNELS_LAST_STEPS = 32  # ops back from a pooled value to the permute that put its channels last
 BIAS_STEPS = 4  # ops from a bias back to the convolution it is of (`b - (-conv(x))` is two)
+BIAS_ARITHMETIC = frozenset({"add", "sub", "rsub", "mul", "div", "true_divide", "neg", "addcmul"})
 KEEP_AXES = frozenset({"slice", "clone", "contiguous", "detach", "alias", "to_copy"})  # what they read, cut or copied
 POOL_DILATIONS = (2, 3)  # a maximum's spaced windows tried (KernelBench's: 2 and 3)
 

@@ -2563,6 +2563,13 @@ def test_a_bias_reached_through_a_negation_a_reshape_or_a_fused_add_is_the_trans
     assert torch.allclose(biased(x, layer.weight, bias), layer(x), atol=1e-5)
     assert op_graph_and_drops(Call(lambda x: torch.tanh(biased(x, layer.weight, bias)), layer).eval(), [x]) == \
         (["convolution_transpose2d", "tanh"], [])
+    # a norm's scale and shift are its own, even where its scale is 1 (KernelBench L3 24's
+    # bias-free 1x1 convolutions, each and its BatchNorm2d, read `mm` alone once)
+    norm = nn.BatchNorm2d(4).eval()
+    with torch.no_grad():
+        norm.running_var.fill_(1 - norm.eps), norm.running_mean.normal_()
+    assert ops(lambda x: torch.tanh(norm(F.conv_transpose2d(x, layer.weight, stride=2, padding=1))), layer, norm) \
+        == ["convolution_transpose2d", "mul", "add", "tanh"]
     # a scale other than a sign stays a scale: folded into the weights, it is a policy
     assert ops(lambda x: torch.tanh(2 * F.conv_transpose2d(x, layer.weight, stride=2, padding=1) + bias), layer) != \
         ops(lambda x: torch.tanh(layer(x)), layer)
