@@ -78,7 +78,7 @@ class _Recognisers:
             name = self._elementwise(op, node)
             names = (name,) if name else None
             if name is None:
-                along = _dim_tests(op.value.float()) if along is None else along
+                along = _dim_tests(op.value.float(), canonical(op) == ["exp"]) if along is None else along
                 names = next((names for names, test in along if test(node.value.float())), None)
             if names:
                 return names, [node]
@@ -1128,11 +1128,11 @@ def _pooled(kind: str, x: torch.Tensor, kernel: int, stride: int, padding: int, 
     return pool(x.float(), kernel, stride, padding, dilation)
 
 
-def _dim_tests(target: torch.Tensor) -> list:
+def _dim_tests(target: torch.Tensor, an_exp: bool = False) -> list:
     """(name, test of a source) for what `target` could be along its dimensions: softmax,
     log-softmax, the normalisations. Asked of one fibre of the target first (sums to one,
     mean 0 and variance up to 1), so that most ops have no test to run on their sources."""
-    tests = _softmax_tests(target)
+    tests = _softmax_tests(target, an_exp)
     for dim in range(target.dim()):
         if target.shape[dim] < 2:
             continue
@@ -1150,7 +1150,7 @@ def _dim_tests(target: torch.Tensor) -> list:
     return tests
 
 
-def _softmax_tests(target: torch.Tensor) -> list:
+def _softmax_tests(target: torch.Tensor, an_exp: bool = False) -> list:
     """Softmax along one dimension or the trailing ones from any (an adversary's spatial
     softmax over (2, 3, 4) unflattened), and softmax times a constant of the other dimensions,
     the same in every sample (its gain per channel folded into the normaliser: `softmax mul`)."""
@@ -1166,7 +1166,7 @@ def _softmax_tests(target: torch.Tensor) -> list:
         elif ndim >= 2 and (gain := _constant_sums(target, dims)) is not None:
             tests.append((("softmax", "mul"), lambda source, dims=dims, gain=gain: close(_softmax(source, dims) * gain,
                                                                                       target)
-                          and not _same_normaliser_in_every_sample(source, dims)))
+                          and not (an_exp and _same_normaliser_in_every_sample(source, dims))))
     return tests
 
 
@@ -1180,9 +1180,12 @@ def _softmax(source: torch.Tensor, dims: tuple) -> torch.Tensor:
 
 def _same_normaliser_in_every_sample(source: torch.Tensor, dims: tuple) -> bool:
     """Whether the sums of exp(source) along `dims` are the same in every sample: a softmax of
-    it times them is exp(source) itself, and any exp of values whose sums barely vary read
+    it times them is exp(source) itself, and an exp op of values whose sums barely vary read
     `softmax mul` of its own input (the seventh adversary's L2 91 wrote a sigmoid as
-    exp(-softplus(-u)), of a u that barely varied at the small problem)."""
+    exp(-softplus(-u)), of a u that barely varied at the small problem). Asked of an exp op
+    alone: a softmax written out and scaled ends in its division, and a clamped value's sums
+    over 4,096 positions barely vary either (the sixth adversary's L2 38 had read `exp sum
+    mul mul`)."""
     normaliser = torch.logsumexp(source.float(), dims, keepdim=True)
     return close(normaliser, normaliser[:1].expand_as(normaliser))
 

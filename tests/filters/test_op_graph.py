@@ -2582,3 +2582,17 @@ def test_an_exp_of_values_whose_sums_are_the_same_in_every_sample_is_no_softmax(
     u = lambda x: 2.0 * torch.softmax(0.01 * x, 1) + prior  # noqa: E731
     assert ops(lambda x: torch.exp(-F.softplus(-u(x)))) == ops(lambda x: torch.sigmoid(u(x))) == \
         ["mul", "softmax", "mul", "add", "sigmoid"]
+
+
+def test_a_gained_softmax_of_values_whose_sums_barely_vary_is_still_a_softmax():
+    # the sixth adversary's L2 38 (session 42): a softmax over 4,096 positions of values near
+    # 0.5, written exp(y - 1) * g / sum, whose sums are the same in every sample: the test for
+    # an exp op's own sums had read it `exp sum mul mul`, as this did
+    gain = torch.rand(4) + 0.5
+    y = lambda x: F.hardtanh(0.05 * x + 0.5, 0.0, 1.0)  # noqa: E731
+
+    def written(x):
+        e = torch.exp(y(x) - 1.0)
+        return e * (gain.view(1, -1, 1, 1) / e.sum((2, 3), keepdim=True))
+    assert ops(written, shape=(2, 4, 64, 64)) == \
+        ops(lambda x: torch.softmax(y(x).flatten(2), -1).view(x.shape) * gain.view(1, -1, 1, 1), shape=(2, 4, 64, 64))
