@@ -2469,14 +2469,21 @@ def _pixel_rows_then_block_maxima(y, norm):
     return torch.tanh(top).permute(0, 3, 1, 2)
 
 
-@pytest.mark.parametrize("size", [(12, 14), (10, 10)])  # the image's sizes the channels' 8 or not
-def test_block_maxima_of_a_view_a_permute_put_channels_last_are_a_pooling_after_the_norm_of_its_pixels(size):
+def _convolution_and_one_norm_two_ways():
+    """A Conv2d to 8 channels, and one eval norm of positive scales as a BatchNorm1d (of pixel
+    rows) and as a BatchNorm2d."""
     torch.manual_seed(0)
     conv, rows, norm = nn.Conv2d(3, 8, 3), nn.BatchNorm1d(8).eval(), nn.BatchNorm2d(8).eval()
     with torch.no_grad():
         rows.running_mean.normal_(), rows.running_var.uniform_(0.5, 1.5), rows.weight.uniform_(0.5, 1.5)
         rows.bias.normal_()
     norm.load_state_dict(rows.state_dict())
+    return conv, rows, norm
+
+
+@pytest.mark.parametrize("size", [(12, 14), (10, 10)])  # the image's sizes the channels' 8 or not
+def test_block_maxima_of_a_view_a_permute_put_channels_last_are_a_pooling_after_the_norm_of_its_pixels(size):
+    conv, rows, norm = _convolution_and_one_norm_two_ways()
     x = torch.randn(4, 3, *size)
     assert torch.allclose(_pixel_rows_then_block_maxima(conv(x), rows), torch.tanh(F.max_pool2d(norm(conv(x)), 2)),
                           atol=1e-5)
@@ -2513,12 +2520,7 @@ def test_block_maxima_of_a_layout_that_mixes_samples_or_channels_into_positions_
 def test_block_maxima_of_channels_put_last_by_two_transposes_past_many_ops_are_a_pooling():
     # session 42's red team: NHWC by `transpose(1, 3).transpose(1, 2)`, and nine ops between
     # the layout and the maxima, had read `maximum` three times
-    torch.manual_seed(0)
-    conv, rows, norm = nn.Conv2d(3, 8, 3), nn.BatchNorm1d(8).eval(), nn.BatchNorm2d(8).eval()
-    with torch.no_grad():
-        rows.running_mean.normal_(), rows.running_var.uniform_(0.5, 1.5), rows.weight.uniform_(0.5, 1.5)
-        rows.bias.normal_()
-    norm.load_state_dict(rows.state_dict())
+    conv, rows, norm = _convolution_and_one_norm_two_ways()
     act = lambda t: torch.sigmoid(F.hardtanh(torch.relu(t)) * 2.0 + 1.0)  # noqa: E731
 
     def pixels(x):
