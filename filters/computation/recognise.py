@@ -594,7 +594,7 @@ class _Recognisers:
         candidates = [(t, node, x, last) for node in window if node.value.dim() == op.value.dim()
                       and node.value.is_floating_point()
                       for x, t, last in ([(image(node.value), target, False)] if flat else
-                                         _pooled_layouts(node.value, target, self._channels_last(node)))
+                                         _pooled_layouts(node.value, target, lambda node=node: self._channels_last(node)))
                       if x.shape[:2] == t.shape[:2] and (same_size or x.shape[2:] != t.shape[2:])]
         for target, node, x, channels_last in candidates:
             for kind, kernel, stride, padding, dilation in _pool_settings(x.shape[2:], target.shape[2:]):
@@ -638,7 +638,7 @@ class _Recognisers:
             below, shape = variables[0], tuple(node.value.shape)
             order = _axis_order(node, below)
             if order is not None:
-                axes = _through_reshapes(axes, top, shape)
+                axes = _axes_through_reshapes(axes, top, shape)
                 if axes is None:
                     return False
                 axes = [order[axis] if axis is not None else None for axis in axes]
@@ -870,8 +870,8 @@ class _Recognisers:
         for _ in range(BIAS_STEPS):
             variables = self._variables(node) or []
             names = canonical(node)
-            # arithmetic, or a reshape: a norm's scale and shift are its own (an eval BatchNorm2d
-            # at its initial statistics scales by 1 - 5e-6, and was taken for a bias)
+            # arithmetic, or a reshape: a norm's scale and shift are its own (51 took KernelBench
+            # L3 24's train-mode BatchNorm2d after a bias-free 1x1 convolution for a bias)
             if len(variables) != 1 or not set(names) <= {"add", "mul"} or \
                     _name(node) not in BIAS_ARITHMETIC | RESHAPES:
                 return None
@@ -1464,7 +1464,7 @@ def _layouts(value: torch.Tensor) -> list[torch.Tensor]:
     return [value] + ([value.movedim(-1, 1)] if value.dim() >= 4 and value.shape[-1] != value.shape[1] else [])
 
 
-def _through_reshapes(axes: list, top: tuple, shape: tuple) -> list | None:
+def _axes_through_reshapes(axes: list, top: tuple, shape: tuple) -> list | None:
     """`axes` (of a value of shape `top`) as axes of what a run of reshapes and slices made it
     from, of `shape`: the same where the shapes are; else its first and last axes alone, where
     their sizes are kept (a row-major reshape keeps them), and None where they are not."""
@@ -1501,19 +1501,19 @@ def _axis_order(node, below) -> list | None:
     return None
 
 
-def _pooled_layouts(source: torch.Tensor, target: torch.Tensor, channels_last: bool) -> list[tuple]:
+def _pooled_layouts(source: torch.Tensor, target: torch.Tensor, channels_last) -> list[tuple]:
     """(source, target, whether the source is read channels last) for each layout a pooling
     of `source` into `target` is tried in: both as they are; the target held channels last,
     its channels the source's; and both held so, for
     three positions (a block maximum of an adversary's channels-last volume), or for two
-    where `channels_last` says a permute put the source's channels last: two of four
+    where `channels_last()` (a walk, asked only then) says a permute put them last: two of four
     dimensions held so are any two otherwise (a maximum over channels and rows read as one
     over rows and columns)."""
     pairs = [(source, target, False)]
     if target.dim() >= 4 and target.shape[-1] == source.shape[1] != target.shape[1]:
         pairs.append((source, target.movedim(-1, 1), False))
-    if source.shape[-1] == target.shape[-1] and (channels_last or target.dim() == 5 and
-                                                 source.shape[-1] != source.shape[1]):
+    if source.shape[-1] == target.shape[-1] and (target.dim() == 5 and source.shape[-1] != source.shape[1] or
+                                                 channels_last()):
         pairs.append((source.movedim(-1, 1), target.movedim(-1, 1), True))
     return pairs
 
