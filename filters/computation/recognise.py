@@ -856,16 +856,19 @@ class _Recognisers:
         return self._convolution(op, window, weights) if 3 <= op.value.dim() <= 5 else None
 
     def _bias_of_a_convolution(self, op):
-        """`op` adds a bias per channel to a convolution recorded without one, through at most
-        BIAS_STEPS ops of it alone (scales and shifts by constants, reshapes), each read by the
-        next alone: the convolution's own bias, as a layer's is (convolution names carry
-        none), and a negation on the way its weights' sign. Only where what `op` holds is the
-        convolution, or its negation, plus a constant per channel (a scale by anything else
-        stays: folded into the weights, it is a policy). A plain convolution with its bias is
-        found again by `_convolution` too; a transposed one, or a convolution's input gradient,
-        is not (the seventh adversary's L2 91 wrote a ConvTranspose2d as torch.nn.grad.conv2d_input
-        plus a bias; a red team's `b - conv_transpose2d(x, -w)`, an addcmul and a bias added to
-        the flattened positions)."""
+        """`op` adds a bias per channel to a convolution, through at most BIAS_STEPS ops of it
+        alone (scales and shifts by constants, reshapes), each read by the next alone: the
+        convolution's own bias, as a layer's is (convolution names carry none), and a negation
+        on the way its weights' sign. Only where what `op` holds is the convolution, or its
+        negation, plus a constant per channel (a scale by anything else stays: folded into the
+        weights, it is a policy). A convolution that has a bias already takes this one into it,
+        as a Linear's biases read one `add` however many are added: KernelBench's
+        `ConvTranspose2d(x) + bias` and a red team's `ConvTranspose2d(bias=False)(x) + (bias +
+        b0)` are one map. A plain convolution with its bias is found again by `_convolution`
+        too; a transposed one, or a convolution's input gradient, is not (the seventh
+        adversary's L2 91 wrote a ConvTranspose2d as torch.nn.grad.conv2d_input plus a bias; a
+        red team's `b - conv_transpose2d(x, -w)`, an addcmul and a bias added to the flattened
+        positions)."""
         node, added, chain = op, False, []
         for _ in range(BIAS_STEPS):
             variables = self._variables(node) or []
@@ -877,7 +880,7 @@ class _Recognisers:
                 return None
             added |= "add" in names
             conv = variables[0]
-            if self._without_bias(conv):
+            if _a_convolution(conv):
                 break
             if conv in self.named or self.users.get(conv) != {node}:
                 return None
@@ -899,12 +902,6 @@ class _Recognisers:
                 self.bias_steps |= set(chain)  # spelled by the convolution named at `op`
                 return tuple(canonical(conv)), image
         return None
-
-    @staticmethod
-    def _without_bias(conv) -> bool:
-        if _name(conv) == "convolution":
-            return len(conv.args) >= 9 and conv.args[2] is None
-        return _name(conv) == "convolution_backward"
 
     def _tested(self) -> None:
         """Count one contraction tried (a value against a weight, or a convolution's
@@ -1044,6 +1041,10 @@ BIAS_STEPS = 4  # ops from a bias back to the convolution it is of (`b - (-conv(
 BIAS_ARITHMETIC = frozenset({"add", "sub", "rsub", "mul", "div", "true_divide", "neg", "addcmul"})
 KEEP_AXES = frozenset({"slice", "clone", "contiguous", "detach", "alias", "to_copy"})  # what they read, cut or copied
 POOL_DILATIONS = (2, 3)  # a maximum's spaced windows tried (KernelBench's: 2 and 3)
+
+
+def _a_convolution(node) -> bool:
+    return _name(node) in ("convolution", "convolution_backward")
 
 
 def _squares(node) -> bool:

@@ -2577,6 +2577,32 @@ def test_a_bias_reached_through_a_negation_a_reshape_or_a_fused_add_is_the_trans
         ops(lambda x: torch.tanh(layer(x)), layer)
 
 
+@pytest.mark.parametrize("layer, biasless, shape", [
+    (nn.ConvTranspose2d(8, 4, 3, stride=2), nn.ConvTranspose2d(8, 4, 3, stride=2, bias=False), (4, 8, 6, 5)),
+    (nn.Conv2d(8, 4, 3), nn.Conv2d(8, 4, 3, bias=False), (4, 8, 6, 5)),
+    (nn.Conv3d(8, 4, 3), nn.Conv3d(8, 4, 3, bias=False), (2, 8, 4, 5, 6)),
+])
+def test_a_bias_added_to_a_convolution_with_its_own_is_one_bias(layer, biasless, shape):
+    # session 42's red team: KernelBench's `ConvTranspose2d(x) + bias` read `... add`, and the
+    # layer's bias folded into the added one, `ConvTranspose2d(bias=False)(x) + (bias + b0)`,
+    # read the layer alone (0.933): a Linear's biases read one `add` however many there are
+    torch.manual_seed(0)
+    with torch.no_grad():
+        biasless.weight.copy_(layer.weight)
+    bias = nn.Parameter(torch.randn(4, *(1,) * (len(shape) - 2)))
+    own = layer.bias.view(bias.shape)
+    kernelbench = lambda x: torch.tanh(layer(x) + bias)  # noqa: E731
+    folded = lambda x: torch.tanh(biasless(x) + (bias + own))  # noqa: E731
+    x = torch.randn(*shape)
+    assert torch.allclose(kernelbench(x), folded(x), atol=1e-5)
+    modules = (layer, biasless, nn.ParameterList([bias]))
+    assert ops(kernelbench, *modules, shape=shape) == ops(folded, *modules, shape=shape) == \
+        ops(lambda x: torch.tanh(layer(x)), layer, shape=shape)
+    # a shift of each sample its own stays apart
+    assert ops(lambda x: torch.tanh(layer(x) + x.flatten(1).mean(1).view(-1, *(1,) * (len(shape) - 1))), layer, shape=shape) != \
+        ops(lambda x: torch.tanh(layer(x)), layer, shape=shape)
+
+
 def test_an_exp_of_values_whose_sums_are_the_same_in_every_sample_is_no_softmax():
     # the seventh adversary's L2 91: a sigmoid written exp(-softplus(-u)), of a u that barely
     # varied at the small problem, read `softmax mul`: exp(v) is softmax(v) times its sums
