@@ -423,7 +423,7 @@ class _Equivalences(_Unspelled, _Recognisers):
             self.alias[op] = same
             return
         found = found or self._composite(op, window) or self._composite_of_inside(op, window) or \
-            self._bias_of_a_convolution(op)
+            self._bias_of_a_convolution(op) or self._centred(op, window)
         affine = None if found else self._affine(op, window)
         found = found or affine or self._quadratic(op, window) or self._contraction(op, window)
         if found and found[0] == ("relu",) and self._saturates(op, found[1][0]):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from filters.computation.linear import JOINS, SUMS, LinearRun, joins_a_layer, linear_step, solve_convolution
-from filters.computation.names import (CHANNEL, COUNT, LAYOUT_ONLY, RESHAPES, SCALAR, _name, _scalar, canonical,
+from filters.computation.names import (CHANNEL, COPIES, COUNT, LAYOUT_ONLY, RESHAPES, SCALAR, _name, _scalar, canonical,
                                       convolution_names, ends_in_a_layer, is_convolution, norm_name)
 from filters.computation.record import _Op, argument_values
 from filters.computation.values import _apart, close
@@ -857,7 +857,7 @@ class _Recognisers:
 
     def _bias_of_a_convolution(self, op):
         """`op` adds a bias per channel to a convolution, through at most BIAS_STEPS ops of it
-        alone (scales and shifts by constants, reshapes), each read by the next alone: the
+        alone (scales and shifts by constants, reshapes, copies), each read by the next alone: the
         convolution's own bias, as a layer's is (convolution names carry none), and a negation
         on the way its weights' sign. Only where what `op` holds is the convolution, or its
         negation, plus a constant per channel (a scale by anything else stays: folded into the
@@ -876,7 +876,7 @@ class _Recognisers:
             # arithmetic, or a reshape: a norm's scale and shift are its own (51 took KernelBench
             # L3 24's train-mode BatchNorm2d after a bias-free 1x1 convolution for a bias)
             if len(variables) != 1 or not set(names) <= {"add", "mul"} or \
-                    _name(node) not in BIAS_ARITHMETIC | RESHAPES:
+                    _name(node) not in BIAS_ARITHMETIC | RESHAPES | COPIES:
                 return None
             added |= "add" in names
             conv = variables[0]
@@ -902,6 +902,60 @@ class _Recognisers:
                 self.bias_steps |= set(chain)  # spelled by the convolution named at `op`
                 return tuple(canonical(conv)), image
         return None
+
+    def _centred(self, op, window):
+        """`op` is s * (u - mean(u)) of an earlier (batch, channels, *positions) u, the mean over
+        its positions and s a constant per channel: u centred over its positions, scaled. A
+        shift per channel before a centring is nothing after it, and a scale per channel passes
+        through it, so a convolution's bias and a norm's scale and shift before the centring
+        are the scale after it. Read `sum mul add` (the mean taken away) from the earliest such
+        u, whatever s is: a scale after the centring joins its affine tail in the sequence
+        (`_chain_affine_maps`), as it does where the centring and the scale are written apart.
+        The seventh adversary's L2 15 dropped KernelBench's ConvTranspose3d bias and
+        BatchNorm3d shift, which the centring cancels, and scaled after it (`... sum mul add
+        mul` against `... mul add sum mul add`)."""
+        if canonical(op) != ["add"] or op.value.dim() < 3 or op.value[0, 0].numel() < 2:
+            return None
+        target = op.value.float()
+        positions = tuple(range(2, target.dim()))
+        across = (0, *positions)
+        if target.shape[0] < 2:
+            return None  # one sample: a scale of each sample its own (a gate) would fit as a constant
+        means = target.mean(positions).abs()
+        if float(means.max()) > 1e-4 * max(float(target.abs().max()), 1e-30):
+            return None  # not centred: asked of every add, this is most of them, at one mean
+        for node in (n for n in window if n.value.shape == target.shape and n.index < op.index - 1):
+            between = self._between(op, node)
+            if not between or not all(self._centring_step(n, node, between, op, target) for n in between) or \
+                    not self._reads_only(op, between | {node}):
+                continue
+            source = node.value.float()
+            centred = source - source.mean(positions, keepdim=True)
+            power = (centred * centred).sum(across)
+            if float(power.min()) <= 1e-12 * max(float(power.max()), 1e-30):
+                continue  # a channel constant over its positions: any scale of it is zero
+            scale = ((target * centred).sum(across) / power).view(1, -1, *(1,) * len(positions))
+            if close(scale * centred, target):
+                return ("sum", "mul", "add"), [node]
+        return None
+
+    def _centring_step(self, node, source, between: set, op, target) -> bool:
+        """Whether `node`, between `source` and `op`, may be a step of `_centred`: read by the
+        steps alone, reading `source` and the steps alone (and constants), and arithmetic (an
+        eval norm's scale and shift too), a reshape or copy, or a sum or mean that keeps each
+        sample's channels apart. Anything else is a scale that may vary with the input: a
+        statistic of the batch or of a whole sample, a gain computed from the input before
+        `source` was (a red team's sigmoid of a Linear of the batch's mean, the same in every
+        sample, read as a constant), an input."""
+        if not self.users.get(node, set()) <= between | {op} or not self._reads_only(node, between | {source}):
+            return False
+        names = self.named.get(node, canonical(node))
+        if _name(node) in RESHAPES | COPIES or names and set(names) <= {"add", "mul"}:
+            return True
+        return names[:1] == ["sum"] and set(names[1:]) <= {"mul"} and node.value.shape[:2] == target.shape[:2]
+
+    def _reads_only(self, node, among: set) -> bool:
+        return all(read in among for read in self.inputs[node] if read.variable)
 
     def _tested(self) -> None:
         """Count one contraction tried (a value against a weight, or a convolution's

@@ -17,7 +17,7 @@ from filters.similarity.score import Fingerprint, fingerprint, with_graph
 from filters.store import JsonStore
 from operators.records import normalized_code
 
-GRAPH_VERSION = 54  # bump when filters/computation/ canonicalises differently
+GRAPH_VERSION = 55  # bump when filters/computation/ canonicalises differently
 
 log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")

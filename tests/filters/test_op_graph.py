@@ -2555,6 +2555,8 @@ def test_a_transposed_convolution_as_an_input_gradient_plus_a_bias_is_the_layer(
     lambda x, w, b: b - (-F.conv_transpose2d(x, w, stride=2, padding=1)),
     lambda x, w, b: (F.conv_transpose2d(x, w, stride=2, padding=1).flatten(2) + b.view(-1, 1)).view(4, 4, 12, 10),
     lambda x, w, b: torch.addcmul(b, F.conv_transpose2d(x, w, stride=2, padding=1), torch.ones(1)),
+    lambda x, w, b: F.conv_transpose2d(x, w, stride=2, padding=1).clone() + b,  # session 43's red team
+    lambda x, w, b: (F.conv_transpose2d(x, w, stride=2, padding=1).double() + b.double()).float(),
 ])
 def test_a_bias_reached_through_a_negation_a_reshape_or_a_fused_add_is_the_transposed_layers_own(biased):
     # session 42's red team: each read `convolution_transpose2d mul add` or `... add`
@@ -2601,6 +2603,46 @@ def test_a_bias_added_to_a_convolution_with_its_own_is_one_bias(layer, biasless,
     # a shift of each sample its own stays apart
     assert ops(lambda x: torch.tanh(layer(x) + x.flatten(1).mean(1).view(-1, *(1,) * (len(shape) - 1))), layer, shape=shape) != \
         ops(lambda x: torch.tanh(layer(x)), layer, shape=shape)
+
+
+def test_a_scale_and_shift_per_channel_before_a_centring_over_the_positions_is_a_scale_after_it():
+    # the seventh adversary's L2 15: KernelBench's ConvTranspose3d, BatchNorm3d and mean taken
+    # away read `... mul add sum mul add`; without the bias and the norm's shift (the centring
+    # cancels them) and with the norm's scale after the centring, `... sum mul add mul`
+    torch.manual_seed(0)
+    layer = nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1)
+    norm = nn.BatchNorm3d(6).eval()
+    with torch.no_grad():
+        norm.running_mean.normal_(), norm.running_var.uniform_(0.5, 2), norm.weight.normal_(), norm.bias.normal_()
+    scale = (norm.weight / torch.sqrt(norm.running_var + norm.eps)).detach().view(1, -1, 1, 1, 1)
+    centre = lambda y: y - y.mean((2, 3, 4), keepdim=True)  # noqa: E731
+    bare = lambda x: F.conv_transpose3d(x, layer.weight, None, stride=2, padding=1)  # noqa: E731
+    kernelbench = lambda x: torch.tanh(centre(norm(layer(x))))  # noqa: E731
+    rewritten = lambda x: (lambda z: torch.tanh((z - F.adaptive_avg_pool3d(z, 1)) * scale))(bare(x))  # noqa: E731
+    shape = (2, 4, 3, 4, 5)
+    x = torch.randn(*shape)
+    assert torch.allclose(kernelbench(x), rewritten(x), atol=1e-5)
+    assert ops(kernelbench, layer, norm, shape=shape) == ops(rewritten, layer, shape=shape) == \
+        ops(lambda x: torch.tanh(centre(layer(x))), layer, shape=shape)
+    # a scale that varies with the input is no constant: a gate of each sample's channels, a
+    # statistic of the whole batch, and the channels centred (a scale per channel does not pass that)
+    gate = lambda y: torch.sigmoid(y.mean((2, 3, 4), keepdim=True))  # noqa: E731
+    plain = ops(lambda x: torch.tanh(centre(layer(x))), layer, shape=shape)
+    for other in (lambda y: centre(y * gate(y)), lambda y: centre(y * y.abs().amax()),
+                  lambda y: centre(y * y.mean((2, 3, 4), keepdim=True).mean(0)),
+                  lambda y: (lambda v: v - v.mean(1, keepdim=True))(y * scale)):
+        assert ops(lambda x: torch.tanh(other(layer(x))), layer, shape=shape) != plain
+    # session 43's red team: a gain made from the input before the convolution, the same in
+    # every sample (a Linear of the batch's mean; its spread), read as a constant at first
+    mixer = nn.Linear(4, 6)
+    for gain in (lambda x: torch.sigmoid(mixer(x.mean((0, 2, 3, 4)))).view(1, -1, 1, 1, 1), lambda x: 1 / x.std()):
+        assert ops(lambda x: (lambda g: torch.tanh(centre(layer(x) * g)))(gain(x)), layer, mixer, shape=shape) != plain
+    # a scale of each sample's channels by their means (arithmetic alone) is the same in every
+    # sample where there is one sample
+    for one in ((2, 4, 3, 4, 5), (1, 4, 3, 4, 5)):
+        scaled = lambda y: centre(y * y.mean((2, 3, 4), keepdim=True))  # noqa: E731
+        assert ops(lambda x: torch.tanh(scaled(layer(x))), layer, shape=one) != \
+            ops(lambda x: torch.tanh(centre(layer(x))), layer, shape=one)
 
 
 def test_an_exp_of_values_whose_sums_are_the_same_in_every_sample_is_no_softmax():
