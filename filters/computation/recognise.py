@@ -282,8 +282,11 @@ class _Recognisers:
 
     def _read_only_by(self, op, source) -> bool:
         """Whether every value between `source` and `op` is read by `op` or another of them alone."""
-        between = self._between(op, source)
-        return all(self.users.get(n, set()) <= between | {op} for n in between)
+        return self._read_alone(self._between(op, source), op)
+
+    def _read_alone(self, between: set, op) -> bool:
+        """Whether each value of `between` is read by `op` or another of them alone."""
+        return all(self.users.get(node, set()) <= between | {op} for node in between)
 
     def _a_map(self, node) -> bool:
         """Whether `node` is arithmetic by constants on one variable value of its own shape."""
@@ -561,8 +564,7 @@ class _Recognisers:
         written -amax(-t)): a relu before a maximum equals it on most values, and is no part
         of it (a red team's relu(x).amax(1) read `max`)."""
         between = self._between(op, source)
-        return all((_name(n) in SIGNS_AND_MAXIMA or not canonical(n)) and self.users.get(n, set()) <= between | {op}
-                   for n in between)
+        return self._read_alone(between, op) and all(_name(n) in SIGNS_AND_MAXIMA or not canonical(n) for n in between)
 
     def _pool(self, op, window, scale: float = 1.0, written: list | None = None):
         """`op` is an average or a maximum over windows of an earlier value's spatial
@@ -711,8 +713,7 @@ class _Recognisers:
                 return None
             between.add(node)
             frontier.extend(self.reads[node] if node in self.named else self.inputs[node])
-        inside = between | {op}
-        return between if all(self.users.get(node, set()) <= inside for node in between) else None
+        return between if self._read_alone(between, op) else None
 
     def _between(self, op, source, made_constant: bool = False) -> set:
         """The variable ops `op` reached `source` through (and those whose values these inputs
@@ -740,8 +741,7 @@ class _Recognisers:
                 # (affine maps of affine maps are chained in the sequence: `_chain_affine_maps`)
             between.add(node)
             frontier.extend(self.inputs[node])
-        inside = between | {op}
-        return between if all(self.users.get(node, set()) <= inside for node in between) else None
+        return between if self._read_alone(between, op) else None
 
     # -- linear maps of one value, solved for their weights ---------------------------------------
 
@@ -916,18 +916,18 @@ class _Recognisers:
         mul` against `... mul add sum mul add`)."""
         if canonical(op) != ["add"] or op.value.dim() < 3 or op.value[0, 0].numel() < 2:
             return None
+        if op.value.shape[0] < 2:
+            return None  # one sample: a scale of each sample its own (a gate) would fit as a constant
         target = op.value.float()
         positions = tuple(range(2, target.dim()))
         across = (0, *positions)
-        if target.shape[0] < 2:
-            return None  # one sample: a scale of each sample its own (a gate) would fit as a constant
         means = target.mean(positions).abs()
         if float(means.max()) > 1e-4 * max(float(target.abs().max()), 1e-30):
             return None  # not centred: asked of every add, this is most of them, at one mean
         for node in (n for n in window if n.value.shape == target.shape and n.index < op.index - 1):
             between = self._between(op, node)
-            if not between or not all(self._centring_step(n, node, between, op, target) for n in between) or \
-                    not self._reads_only(op, between | {node}):
+            if not between or not self._read_alone(between, op) or not self._reads_only(op, between | {node}) or \
+                    not all(self._centring_step(n, node, between, target) for n in between):
                 continue
             source = node.value.float()
             centred = source - source.mean(positions, keepdim=True)
@@ -939,15 +939,15 @@ class _Recognisers:
                 return ("sum", "mul", "add"), [node]
         return None
 
-    def _centring_step(self, node, source, between: set, op, target) -> bool:
-        """Whether `node`, between `source` and `op`, may be a step of `_centred`: read by the
-        steps alone, reading `source` and the steps alone (and constants), and arithmetic (an
-        eval norm's scale and shift too), a reshape or copy, or a sum or mean that keeps each
-        sample's channels apart. Anything else is a scale that may vary with the input: a
+    def _centring_step(self, node, source, between: set, target) -> bool:
+        """Whether `node`, between `source` and the centred value, may be a step of `_centred`:
+        reading `source` and the steps alone (and constants), and arithmetic (an eval norm's
+        scale and shift too), a reshape or copy, or a sum or mean that keeps each sample's
+        channels apart. Anything else is a scale that may vary with the input: a
         statistic of the batch or of a whole sample, a gain computed from the input before
         `source` was (a red team's sigmoid of a Linear of the batch's mean, the same in every
         sample, read as a constant), an input."""
-        if not self.users.get(node, set()) <= between | {op} or not self._reads_only(node, between | {source}):
+        if not self._reads_only(node, between | {source}):
             return False
         names = self.named.get(node, canonical(node))
         if _name(node) in RESHAPES | COPIES or names and set(names) <= {"add", "mul"}:
